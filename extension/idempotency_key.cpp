@@ -1,0 +1,30 @@
+// SQL functions billguard.idempotency_key(customer_id, billing_period, namespace)
+// and billguard.key_namespace() (the default namespace).
+#include "key_derivation.hpp"
+#include "module.hpp"
+#include "sql_values.hpp"
+
+extern "C" {
+PG_FUNCTION_INFO_V1(billguard_idempotency_key);
+PG_FUNCTION_INFO_V1(billguard_key_namespace);
+}
+
+// IMMUTABLE STRICT PARALLEL SAFE: the key depends on its three arguments only.
+extern "C" Datum billguard_idempotency_key(PG_FUNCTION_ARGS) {
+  return billguard::GuardedCall("idempotency_key", [&]() -> Datum {
+    char key[billguard::kIdempotencyKeyLength];
+    billguard::DeriveIdempotencyKey(billguard::TextArgument(fcinfo, 0),
+                                    billguard::TextArgument(fcinfo, 1),
+                                    billguard::TextArgument(fcinfo, 2), key);
+    return billguard::TextDatum(std::string_view(key, sizeof(key)));
+  });
+}
+
+// The default of idempotency_key's namespace argument. A C function rather
+// than current_setting(): calling it loads billguard.so, which defines the
+// setting, so the default also works in sessions that did not preload it.
+extern "C" Datum billguard_key_namespace(PG_FUNCTION_ARGS) {
+  return billguard::GuardedCall("key_namespace", [&]() -> Datum {
+    return billguard::TextDatum(billguard::settings::key_namespace);
+  });
+}

@@ -1,0 +1,38 @@
+-- Functions implemented in C++ (extension/).
+
+CREATE FUNCTION billguard.key_namespace() RETURNS text
+  LANGUAGE c STABLE PARALLEL SAFE
+  AS 'MODULE_PATHNAME', 'billguard_key_namespace';
+COMMENT ON FUNCTION billguard.key_namespace() IS
+  'The current billguard.key_namespace setting: the default namespace of idempotency_key().';
+
+CREATE FUNCTION billguard.idempotency_key(customer_id text, billing_period text,
+                                          namespace text DEFAULT billguard.key_namespace())
+  RETURNS text
+  LANGUAGE c IMMUTABLE STRICT PARALLEL SAFE
+  AS 'MODULE_PATHNAME', 'billguard_idempotency_key';
+COMMENT ON FUNCTION billguard.idempotency_key(text, text, text) IS
+  'left(sha256_hex(customer_id || '':'' || billing_period || '':'' || namespace), 32): the content-hash Stripe idempotency key.';
+
+CREATE FUNCTION billguard.wake_dispatcher() RETURNS void
+  LANGUAGE c VOLATILE PARALLEL UNSAFE
+  AS 'MODULE_PATHNAME', 'billguard_wake_dispatcher';
+COMMENT ON FUNCTION billguard.wake_dispatcher() IS
+  'Wakes the dispatcher when the current transaction commits (no-op unless billguard is preloaded).';
+
+-- SQL mirror of the C++ period check, for constraints and argument checks.
+CREATE FUNCTION billguard.is_billing_period(billing_period text) RETURNS boolean
+  LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+  RETURN billing_period ~ '^(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])$';
+
+-- Raises 22023 unless billing_period is a valid YYYY-MM; the one place the
+-- message is worded.
+CREATE FUNCTION billguard.check_billing_period(billing_period text) RETURNS void
+  LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+  IF billing_period IS NULL OR NOT billguard.is_billing_period(billing_period) THEN
+    RAISE EXCEPTION 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got %',
+                    coalesce(quote_literal(left(billing_period, 40)), 'NULL')
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+END $$;

@@ -1,0 +1,49 @@
+-- Who is billed each period, and the currencies they may be billed in.
+
+-- ISO 4217 active codes, lower case as Stripe writes them, with their minor
+-- units (amount_cents counts these).
+CREATE TABLE billguard.currencies (
+  code        text PRIMARY KEY CHECK (code ~ '^[a-z]{3}$'),
+  minor_units smallint NOT NULL CHECK (minor_units BETWEEN 0 AND 3)
+);
+INSERT INTO billguard.currencies (code, minor_units) VALUES
+  ('aed', 2), ('afn', 2), ('all', 2), ('amd', 2), ('ang', 2), ('aoa', 2), ('ars', 2), ('aud', 2),
+  ('awg', 2), ('azn', 2), ('bam', 2), ('bbd', 2), ('bdt', 2), ('bgn', 2), ('bhd', 3), ('bif', 0),
+  ('bmd', 2), ('bnd', 2), ('bob', 2), ('brl', 2), ('bsd', 2), ('btn', 2), ('bwp', 2), ('byn', 2),
+  ('bzd', 2), ('cad', 2), ('cdf', 2), ('chf', 2), ('clp', 0), ('cny', 2), ('cop', 2), ('crc', 2),
+  ('cup', 2), ('cve', 2), ('czk', 2), ('djf', 0), ('dkk', 2), ('dop', 2), ('dzd', 2), ('egp', 2),
+  ('ern', 2), ('etb', 2), ('eur', 2), ('fjd', 2), ('fkp', 2), ('gbp', 2), ('gel', 2), ('ghs', 2),
+  ('gip', 2), ('gmd', 2), ('gnf', 0), ('gtq', 2), ('gyd', 2), ('hkd', 2), ('hnl', 2), ('htg', 2),
+  ('huf', 2), ('idr', 2), ('ils', 2), ('inr', 2), ('iqd', 3), ('irr', 2), ('isk', 0), ('jmd', 2),
+  ('jod', 3), ('jpy', 0), ('kes', 2), ('kgs', 2), ('khr', 2), ('kmf', 0), ('kpw', 2), ('krw', 0),
+  ('kwd', 3), ('kyd', 2), ('kzt', 2), ('lak', 2), ('lbp', 2), ('lkr', 2), ('lrd', 2), ('lsl', 2),
+  ('lyd', 3), ('mad', 2), ('mdl', 2), ('mga', 2), ('mkd', 2), ('mmk', 2), ('mnt', 2), ('mop', 2),
+  ('mru', 2), ('mur', 2), ('mvr', 2), ('mwk', 2), ('mxn', 2), ('myr', 2), ('mzn', 2), ('nad', 2),
+  ('ngn', 2), ('nio', 2), ('nok', 2), ('npr', 2), ('nzd', 2), ('omr', 3), ('pab', 2), ('pen', 2),
+  ('pgk', 2), ('php', 2), ('pkr', 2), ('pln', 2), ('pyg', 0), ('qar', 2), ('ron', 2), ('rsd', 2),
+  ('rub', 2), ('rwf', 0), ('sar', 2), ('sbd', 2), ('scr', 2), ('sdg', 2), ('sek', 2), ('sgd', 2),
+  ('shp', 2), ('sle', 2), ('sll', 2), ('sos', 2), ('srd', 2), ('ssp', 2), ('stn', 2), ('svc', 2),
+  ('syp', 2), ('szl', 2), ('thb', 2), ('tjs', 2), ('tmt', 2), ('tnd', 3), ('top', 2), ('try', 2),
+  ('ttd', 2), ('twd', 2), ('tzs', 2), ('uah', 2), ('ugx', 0), ('usd', 2), ('uyu', 2), ('uzs', 2),
+  ('ves', 2), ('vnd', 0), ('vuv', 0), ('wst', 2), ('xaf', 0), ('xcd', 2), ('xcg', 2), ('xof', 0),
+  ('xpf', 0), ('yer', 2), ('zar', 2), ('zmw', 2), ('zwg', 2), ('zwl', 2);
+
+CREATE TABLE billguard.accounts (
+  customer_id     text PRIMARY KEY,
+  stripe_customer text NOT NULL,
+  amount_cents    bigint NOT NULL,
+  currency        text NOT NULL DEFAULT 'usd' REFERENCES billguard.currencies (code),
+  payment_method  text,
+  active          boolean NOT NULL DEFAULT true,
+  created_at      timestamptz NOT NULL DEFAULT now(),
+  updated_at      timestamptz NOT NULL DEFAULT now(),
+  -- Same limits as idempotency_key(): 1..255 bytes, no control characters,
+  -- no surrounding blanks (' cust_1' and 'cust_1' would be two customers).
+  CONSTRAINT accounts_customer_id_valid CHECK (
+    octet_length(customer_id) BETWEEN 1 AND 255
+    AND customer_id = btrim(customer_id) AND customer_id !~ '[[:cntrl:]]'),
+  CONSTRAINT accounts_stripe_customer_valid CHECK (stripe_customer ~ '^cus_[A-Za-z0-9_]{1,250}$'),
+  CONSTRAINT accounts_amount_positive CHECK (amount_cents > 0),
+  CONSTRAINT accounts_payment_method_valid CHECK (payment_method ~ '^[a-z]+_[A-Za-z0-9_]{1,250}$')
+);
+COMMENT ON TABLE billguard.accounts IS 'Who is billed each period: one row per customer, billed amount_cents in currency.';

@@ -1,0 +1,78 @@
+-- The pre-flight table: one row per (customer, period), claimed before any
+-- call to Stripe. It is the authority on whether a charge may be sent.
+
+CREATE TABLE billguard.billing_records (
+  -- The seed's columns and constraints, verbatim.
+  customer_id      TEXT NOT NULL,
+  billing_period   TEXT NOT NULL,
+  idempotency_key  TEXT NOT NULL,
+  status           TEXT NOT NULL DEFAULT 'pending',
+  charge_id        TEXT,
+  created_at       TIMESTAMPTZ NOT NULL DEFAULT now(),
+  -- What dispatch needs, frozen at claim time so every retry sends
+  -- byte-identical parameters.
+  amount_cents        bigint NOT NULL,
+  currency            text NOT NULL,
+  stripe_customer     text NOT NULL,
+  payment_method      text,
+  request_id          text,            -- tracing only; never part of a key
+  attempts            integer NOT NULL DEFAULT 0,
+  next_attempt_at     timestamptz NOT NULL DEFAULT now(),
+  lease_expires_at    timestamptz,
+  first_dispatched_at timestamptz,
+  last_error          text,
+  completed_at        timestamptz,
+  updated_at          timestamptz NOT NULL DEFAULT now(),
+  CONSTRAINT billing_records_pk PRIMARY KEY (idempotency_key),
+  CONSTRAINT billing_records_uq UNIQUE (customer_id, billing_period),
+  CONSTRAINT billing_records_period_valid CHECK (billguard.is_billing_period(billing_period)),
+  CONSTRAINT billing_records_status_valid CHECK (status IN
+    ('pending', 'dispatching', 'completed', 'failed', 'blocked', 'needs_review', 'unknown')),
+  CONSTRAINT billing_records_amount_positive CHECK (amount_cents > 0),
+  CONSTRAINT billing_records_completed_has_charge CHECK (status <> 'completed' OR charge_id IS NOT NULL)
+);
+COMMENT ON TABLE billguard.billing_records IS
+  'Pre-flight claims: one per (customer_id, billing_period), each with its one idempotency key.';
+
+-- The dispatch queue: rows that still need a request, in due order.
+CREATE INDEX billing_records_due ON billguard.billing_records (next_attempt_at)
+  WHERE status IN ('pending', 'dispatching', 'unknown');
+
+-- A billing record is a financial fact: deleting it would let the same
+-- (customer, period) be claimed again with a fresh history, and changing
+-- what identifies the charge would break "same key, same parameters".
+CREATE FUNCTION billguard.refuse_billing_record_change() RETURNS trigger
+  LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP = 'UPDATE' THEN
+    RAISE EXCEPTION 'billing record %/% : customer, period, key, amount and payee never change',
+                    OLD.customer_id, OLD.billing_period
+      USING ERRCODE = 'integrity_constraint_violation';
+  END IF;
+  RAISE EXCEPTION 'billguard.billing_records rows are never removed: % refused', TG_OP
+    USING ERRCODE = 'integrity_constraint_violation';
+END $$;
+
+CREATE TRIGGER billing_records_keep_rows BEFORE DELETE OR TRUNCATE ON billguard.billing_records
+  FOR EACH STATEMENT EXECUTE FUNCTION billguard.refuse_billing_record_change();
+
+CREATE TRIGGER billing_records_frozen_identity BEFORE UPDATE ON billguard.billing_records
+  FOR EACH ROW
+  WHEN (OLD.customer_id IS DISTINCT FROM NEW.customer_id
+     OR OLD.billing_period IS DISTINCT FROM NEW.billing_period
+     OR OLD.idempotency_key IS DISTINCT FROM NEW.idempotency_key
+     OR OLD.amount_cents IS DISTINCT FROM NEW.amount_cents
+     OR OLD.currency IS DISTINCT FROM NEW.currency
+     OR OLD.stripe_customer IS DISTINCT FROM NEW.stripe_customer
+     OR OLD.payment_method IS DISTINCT FROM NEW.payment_method)
+  EXECUTE FUNCTION billguard.refuse_billing_record_change();
+
+-- How a record's status reads to a caller of bill_customer.
+CREATE FUNCTION billguard.caller_status(record_status text) RETURNS text
+  LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+  RETURN CASE record_status
+    WHEN 'completed' THEN 'already_completed'
+    WHEN 'failed' THEN 'failed'
+    WHEN 'blocked' THEN 'blocked'
+    ELSE 'in_progress'   -- pending, dispatching, unknown, needs_review
+  END;
