@@ -43,13 +43,15 @@ BEGIN
   END IF;
 
   -- The pre-flight claim. A concurrent caller that got there first makes
-  -- this insert wait for its commit and then do nothing.
+  -- this insert wait for its commit and then do nothing. No arbiter is
+  -- named: the same claim conflicts on the key (billing_records_pk) as well
+  -- as on (customer_id, billing_period), and both must mean "taken".
   INSERT INTO billguard.billing_records AS r
          (customer_id, billing_period, idempotency_key, amount_cents, currency,
           stripe_customer, payment_method, request_id)
   VALUES (customer, period, key, account.amount_cents, account.currency,
           account.stripe_customer, account.payment_method, bill_customer.request_id)
-  ON CONFLICT (customer_id, billing_period) DO NOTHING
+  ON CONFLICT DO NOTHING
   RETURNING r.created_at INTO claimed_at;
   IF NOT FOUND THEN
     SELECT r.status, r.idempotency_key, r.charge_id INTO STRICT existing

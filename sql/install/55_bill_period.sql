@@ -32,7 +32,7 @@ BEGIN
       FROM accounts_in_period c
      WHERE c.status IS NULL
      ORDER BY c.customer_id
-    ON CONFLICT (customer_id, billing_period) DO NOTHING
+    ON CONFLICT DO NOTHING   -- on the key or on (customer, period): see bill_customer
     RETURNING r.customer_id, r.idempotency_key, r.amount_cents, r.currency, r.created_at
   ), journaled AS (
     INSERT INTO billguard.journal (persistence_id, seq_nr, customer_id, event_type, event)

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the Debian packages that building and testing billguard need.
+# Quiet and quick when they are all present already.
+set -euo pipefail
+packages=(
+  postgresql-15 postgresql-server-dev-15 postgresql-15-pgtap
+  libtap-parser-sourcehandler-pgtap-perl libipc-run-perl
+  libssl-dev libcurl4-openssl-dev libpqxx-dev
+  g++ make clang-14 llvm-14 curl
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "installing: ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

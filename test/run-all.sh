@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# `make test`: install dependencies, build, install, then run every suite:
+# C++ unit tests, pgTAP suites on a throwaway preloaded cluster, and the TAP
+# scenarios (races, crashes) that start clusters of their own.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+[ "$(id -u)" = 0 ] && test/install-deps.sh
+export PATH="$(pg_config --bindir):$PATH"
+make -s
+[ "$(id -u)" = 0 ] && make -s install
+make -s test/unit/key_derivation_test
+
+work=$(mktemp -d /tmp/billguard-test.XXXXXX)
+chmod 755 "$work"
+port=${BILLGUARD_TEST_PORT:-$((20000 + RANDOM % 20000))}
+cleanup() {
+  test/cluster.sh stop "$work/pgtap" immediate 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+failed=0
+echo "== unit tests"
+prove test/unit/ || failed=1
+
+echo "== pgTAP suites"
+test/cluster.sh start "$work/pgtap" "$port"
+psql -X -q -h "$work/pgtap" -p "$port" -U postgres -d postgres \
+  -c "CREATE DATABASE billguard_test" >/dev/null
+psql -X -q -h "$work/pgtap" -p "$port" -U postgres -d billguard_test \
+  -c "CREATE EXTENSION pgtap" -c "CREATE EXTENSION billguard" >/dev/null
+pg_prove -h "$work/pgtap" -p "$port" -U postgres -d billguard_test test/pgtap/*.sql || failed=1
+test/cluster.sh stop "$work/pgtap"
+
+echo "== TAP scenarios (races, restarts, crashes)"
+# PostgreSQL's own harness refuses to run as root: run as postgres in a
+# directory it owns.
+tap="$work/tap"
+mkdir -p "$tap" && chown -R postgres: "$tap" 2>/dev/null || true
+pgxs_perl="$(dirname "$(pg_config --pgxs)")/../../src/test/perl"
+run_tap() {
+  if [ "$(id -u)" = 0 ]; then
+    runuser -u postgres -- env PATH="$PATH" TESTDIR="$tap" PG_REGRESS=/bin/true \
+      BILLGUARD_ROOT="$root" prove -I "$pgxs_perl" -I "$root/test/lib" "$@"
+  else
+    env TESTDIR="$tap" PG_REGRESS=/bin/true BILLGUARD_ROOT="$root" \
+      prove -I "$pgxs_perl" -I "$root/test/lib" "$@"
+  fi
+}
+run_tap test/t/*.pl || failed=1
+
+if [ $failed -ne 0 ]; then
+  echo "FAILED: see the output above"
+  exit 1
+fi
+echo "all suites passed"
