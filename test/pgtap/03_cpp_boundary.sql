@@ -58,8 +58,8 @@ SELECT billguard.idempotency_key('', '2026-08');
 \set ON_ERROR_STOP 1
 ROLLBACK TO SAVEPOINT t03_sp;
 RELEASE SAVEPOINT t03_sp;
-SELECT is(:'LAST_ERROR_SQLSTATE', '22023', 'the statement inside the savepoint failed with 22023');
-SELECT is(:'LAST_ERROR_MESSAGE', 'customer_id must not be empty', 'and with the C++ message');
+SELECT is(:'LAST_ERROR_SQLSTATE'::text, '22023', 'the statement inside the savepoint failed with 22023');
+SELECT is(:'LAST_ERROR_MESSAGE'::text, 'customer_id must not be empty', 'and with the C++ message');
 SELECT is((SELECT value FROM t03_facts WHERE name = 'before_savepoint'), 'kept',
           'work done before the savepoint survives ROLLBACK TO');
 SELECT is((SELECT count(*) FROM t03_facts WHERE name = 'inside_savepoint'), 0::bigint,
