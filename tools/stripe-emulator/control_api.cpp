@@ -1,0 +1,239 @@
+#include "control_api.hpp"
+
+#include <set>
+
+#include "json.hpp"
+#include "stripe_errors.hpp"
+
+namespace stripe_emulator {
+
+namespace {
+
+ApiResponse control_error(int status, std::string message) {
+  return render_error(errors::plain_request_error(status, std::move(message)));
+}
+
+// A JSON object body whose member names are checked against `allowed`, so a
+// misspelt option fails loudly instead of being silently ignored.
+std::optional<JsonValue> parse_object_body(const std::string& body, const std::set<std::string>& allowed,
+                                           std::string& error) {
+  auto parsed = parse_json(body.empty() ? std::string("{}") : body, error);
+  if (!parsed) {
+    error = "Invalid JSON body: " + error;
+    return std::nullopt;
+  }
+  if (parsed->type != JsonValue::Type::object) {
+    error = "The body must be a JSON object.";
+    return std::nullopt;
+  }
+  for (const auto& [name, value] : parsed->object_members) {
+    if (!allowed.count(name)) {
+      error = "Unknown field: " + name;
+      return std::nullopt;
+    }
+  }
+  return parsed;
+}
+
+// Reads an optional integer member within [minimum, maximum]; false on a bad value.
+bool read_integer(const JsonValue& object, const char* name, std::int64_t minimum, std::int64_t maximum,
+                  std::optional<std::int64_t>& out, std::string& error) {
+  const JsonValue* member = object.member(name);
+  if (!member) return true;
+  if (member->type != JsonValue::Type::number || !member->is_integer ||
+      member->integer_value < minimum || member->integer_value > maximum) {
+    error = std::string(name) + " must be an integer from " + std::to_string(minimum) + " to " +
+            std::to_string(maximum) + ".";
+    return false;
+  }
+  out = member->integer_value;
+  return true;
+}
+
+bool read_string(const JsonValue& object, const char* name, std::optional<std::string>& out,
+                 std::string& error) {
+  const JsonValue* member = object.member(name);
+  if (!member) return true;
+  if (member->type != JsonValue::Type::string) {
+    error = std::string(name) + " must be a string.";
+    return false;
+  }
+  out = member->string_value;
+  return true;
+}
+
+bool read_boolean(const JsonValue& object, const char* name, std::optional<bool>& out,
+                  std::string& error) {
+  const JsonValue* member = object.member(name);
+  if (!member) return true;
+  if (member->type != JsonValue::Type::boolean) {
+    error = std::string(name) + " must be true or false.";
+    return false;
+  }
+  out = member->boolean_value;
+  return true;
+}
+
+std::optional<FaultKind> fault_kind_from_name(const std::string& name) {
+  if (name == "status") return FaultKind::status;
+  if (name == "hang") return FaultKind::hang;
+  if (name == "commit_then_drop") return FaultKind::commit_then_drop;
+  return std::nullopt;
+}
+
+// Parses a fault request; on success fills `fault` and `count`, else returns why not.
+std::optional<std::string> parse_fault(const std::string& body, Fault& fault, std::size_t& count) {
+  std::string error;
+  const auto object =
+      parse_object_body(body, {"kind", "status", "count", "create", "path_prefix", "method"}, error);
+  if (!object) return error;
+
+  std::optional<std::string> kind_name, path_prefix, method;
+  std::optional<std::int64_t> status, repetitions;
+  std::optional<bool> create;
+  if (!read_string(*object, "kind", kind_name, error) ||
+      !read_integer(*object, "status", 400, 599, status, error) ||
+      !read_integer(*object, "count", 0, 1000000, repetitions, error) ||
+      !read_boolean(*object, "create", create, error) ||
+      !read_string(*object, "path_prefix", path_prefix, error) ||
+      !read_string(*object, "method", method, error)) {
+    return error;
+  }
+  const auto kind = fault_kind_from_name(kind_name.value_or(""));
+  if (!kind) return std::string("kind must be \"status\", \"hang\" or \"commit_then_drop\".");
+  if (*kind == FaultKind::status && !status) return std::string("A status fault needs \"status\" (400-599).");
+  if (*kind != FaultKind::status && status) return std::string("\"status\" only applies to kind \"status\".");
+  if (create && !(*kind == FaultKind::status && *status == 500)) {
+    return std::string("\"create\" only applies to status 500 faults.");
+  }
+  if (path_prefix && (path_prefix->empty() || path_prefix->front() != '/')) {
+    return std::string("path_prefix must start with '/'.");
+  }
+  if (method && *method != "GET" && *method != "POST" && *method != "ANY") {
+    return std::string("method must be \"GET\", \"POST\" or \"ANY\".");
+  }
+
+  fault.kind = *kind;
+  fault.status = static_cast<int>(status.value_or(0));
+  fault.create = create.value_or(true);
+  fault.path_prefix = path_prefix.value_or("");
+  fault.method = method.value_or("");
+  count = static_cast<std::size_t>(repetitions.value_or(1));
+  return std::nullopt;
+}
+
+ApiResponse ok(std::string body) { return ApiResponse{200, std::move(body)}; }
+
+}  // namespace
+
+HandlerResult ControlApi::handle(const HttpRequest& request) {
+  ApiResponse response;
+  const std::string& path = request.path;
+  const bool get = request.method == "GET";
+  const bool post = request.method == "POST";
+  if (!request.peer_is_loopback) {
+    response = control_error(403, "The emulator control API only answers loopback clients.");
+  } else if (get && path == "/_emulator/ledger") {
+    response = ledger();
+  } else if (post && path == "/_emulator/faults") {
+    response = queue_faults(request.body);
+  } else if (get && path == "/_emulator/faults") {
+    response = list_faults();
+  } else if (post && path == "/_emulator/reset") {
+    response = reset();
+  } else if (get && path == "/_emulator/stats") {
+    response = ok(state_.stats.to_json());
+  } else if (post && path == "/_emulator/config") {
+    response = update_config(request.body);
+  } else if (get && path == "/_emulator/config") {
+    response = config();
+  } else {
+    response = control_error(404, "Unrecognized control URL (" + request.method + ": " + path + ").");
+  }
+  HandlerResult result;
+  result.response = json_response(response.status, std::move(response.body));
+  return result;
+}
+
+ApiResponse ControlApi::ledger() const {
+  JsonWriter json;
+  json.begin_array();
+  for (const auto& object : state_.ledger.all_in_creation_order()) write_ledger_entry(json, object);
+  json.end_array();
+  return ok(json.take());
+}
+
+ApiResponse ControlApi::queue_faults(const std::string& body) {
+  Fault fault;
+  std::size_t count = 1;
+  if (auto problem = parse_fault(body, fault, count)) return control_error(400, *problem);
+  const std::size_t queued = state_.faults.enqueue(fault, count);
+  JsonWriter json;
+  json.begin_object().key("queued").integer(static_cast<std::int64_t>(queued)).end_object();
+  return ok(json.take());
+}
+
+ApiResponse ControlApi::list_faults() const {
+  const auto queued = state_.faults.queued();
+  std::size_t total = 0;
+  JsonWriter json;
+  json.begin_object().key("faults").begin_array();
+  for (const auto& entry : queued) {
+    total += entry.remaining;
+    json.begin_object().key("kind").string(fault_kind_name(entry.fault.kind));
+    if (entry.fault.kind == FaultKind::status) json.key("status").integer(entry.fault.status);
+    if (entry.fault.kind == FaultKind::status && entry.fault.status == 500) {
+      json.key("create").boolean(entry.fault.create);
+    }
+    json.key("count").integer(static_cast<std::int64_t>(entry.remaining))
+        .key("path_prefix").string(entry.fault.path_prefix)
+        .key("method").string(entry.fault.method.empty() ? "default" : entry.fault.method)
+        .end_object();
+  }
+  json.end_array().key("queued").integer(static_cast<std::int64_t>(total)).end_object();
+  return ok(json.take());
+}
+
+ApiResponse ControlApi::reset() {
+  state_.ledger.clear();
+  state_.idempotency.clear();
+  state_.faults.clear();
+  state_.stats.reset();
+  state_.rate_limiter.forget_history();
+  JsonWriter json;
+  json.begin_object().key("reset").boolean(true).end_object();
+  return ok(json.take());
+}
+
+ApiResponse ControlApi::update_config(const std::string& body) {
+  std::string error;
+  const auto object =
+      parse_object_body(body, {"latency_ms", "rate_limit", "search_delay_ms", "idempotency_ttl"}, error);
+  if (!object) return control_error(400, error);
+  std::optional<std::int64_t> latency_ms, rate_limit, search_delay_ms, idempotency_ttl;
+  // Validate everything before changing anything.
+  if (!read_integer(*object, "latency_ms", 0, 600000, latency_ms, error) ||
+      !read_integer(*object, "rate_limit", 0, 1000000000, rate_limit, error) ||
+      !read_integer(*object, "search_delay_ms", 0, 86400000, search_delay_ms, error) ||
+      !read_integer(*object, "idempotency_ttl", 0, 315360000, idempotency_ttl, error)) {
+    return control_error(400, error);
+  }
+  if (latency_ms) state_.settings.latency_ms = *latency_ms;
+  if (rate_limit) state_.rate_limiter.set_limit(*rate_limit);
+  if (search_delay_ms) state_.settings.search_delay_ms = *search_delay_ms;
+  if (idempotency_ttl) state_.settings.idempotency_ttl_seconds = *idempotency_ttl;
+  return config();
+}
+
+ApiResponse ControlApi::config() const {
+  JsonWriter json;
+  json.begin_object()
+      .key("latency_ms").integer(state_.settings.latency_ms.load())
+      .key("rate_limit").integer(state_.rate_limiter.limit())
+      .key("search_delay_ms").integer(state_.settings.search_delay_ms.load())
+      .key("idempotency_ttl").integer(state_.settings.idempotency_ttl_seconds.load())
+      .end_object();
+  return ok(json.take());
+}
+
+}  // namespace stripe_emulator

@@ -1,0 +1,35 @@
+// The /_emulator control API that tests use to inspect and steer the
+// emulator: ledger, faults, reset, stats and run-time config. It answers
+// loopback clients only, since it can rewrite what the "Stripe" side saw.
+//
+//   GET  /_emulator/ledger   every object created, in creation order
+//   POST /_emulator/faults   queue faults; GET lists the queue
+//   POST /_emulator/reset    forget ledger, keys, faults and stats
+//   GET  /_emulator/stats    request counters
+//   POST /_emulator/config   change latency_ms, rate_limit, search_delay_ms,
+//                            idempotency_ttl; GET shows them
+#pragma once
+
+#include "emulator_state.hpp"
+#include "http_message.hpp"
+
+namespace stripe_emulator {
+
+class ControlApi {
+ public:
+  explicit ControlApi(EmulatorState& state) : state_(state) {}
+
+  HandlerResult handle(const HttpRequest& request);
+
+ private:
+  ApiResponse ledger() const;
+  ApiResponse queue_faults(const std::string& body);
+  ApiResponse list_faults() const;
+  ApiResponse reset();
+  ApiResponse update_config(const std::string& body);
+  ApiResponse config() const;
+
+  EmulatorState& state_;
+};
+
+}  // namespace stripe_emulator

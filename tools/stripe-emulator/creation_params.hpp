@@ -1,0 +1,33 @@
+// Validation of POST /v1/payment_intents and POST /v1/charges parameters.
+// It runs before anything is created, and a failure is never saved for the
+// idempotency key (Stripe does not save results of validation failures).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+
+#include "form_decoding.hpp"
+#include "stripe_errors.hpp"
+#include "stripe_objects.hpp"
+
+namespace stripe_emulator {
+
+struct CreationRequest {
+  ObjectKind kind = ObjectKind::payment_intent;
+  std::int64_t amount = 0;
+  std::string currency;
+  std::optional<std::string> customer;
+  std::optional<std::string> payment_source;  // payment_method or source
+  bool confirm = false;
+  bool off_session = false;
+  std::optional<std::string> description;
+  Metadata metadata;
+};
+
+using CreationValidation = std::variant<CreationRequest, StripeError>;
+
+CreationValidation validate_creation(ObjectKind kind, const FormParams& params);
+
+}  // namespace stripe_emulator

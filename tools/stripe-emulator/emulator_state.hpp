@@ -1,0 +1,38 @@
+// Everything the request handlers share. Each member guards itself (its own
+// mutex or atomics), so no handler ever holds a lock across a sleep or I/O.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "fault_injector.hpp"
+#include "idempotency_store.hpp"
+#include "ledger.hpp"
+#include "rate_limiter.hpp"
+#include "stats.hpp"
+
+namespace stripe_emulator {
+
+// Settings the control API may change while the emulator runs, so one
+// emulator can serve several benchmark phases.
+struct RuntimeSettings {
+  std::atomic<std::int64_t> latency_ms{0};
+  std::atomic<std::int64_t> search_delay_ms{0};
+  std::atomic<std::int64_t> idempotency_ttl_seconds{86400};
+};
+
+struct EmulatorState {
+  explicit EmulatorState(std::int64_t rate_limit_per_second) : rate_limiter(rate_limit_per_second) {}
+
+  std::optional<std::string> required_api_key;  // nullopt: any non-empty key is accepted
+  RuntimeSettings settings;
+  RollingWindowRateLimiter rate_limiter;
+  IdempotencyStore idempotency;
+  FaultInjector faults;
+  Ledger ledger;
+  Stats stats;
+};
+
+}  // namespace stripe_emulator

@@ -1,0 +1,33 @@
+// What each /v1 endpoint does once a request has passed the rate limiter,
+// authentication and the idempotency layer (see stripe_api.hpp).
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+
+#include "api_response.hpp"
+#include "creation_params.hpp"
+#include "form_decoding.hpp"
+#include "ledger.hpp"
+
+namespace stripe_emulator {
+
+// Creates the PaymentIntent or Charge and records it in the ledger, declined
+// or not (Stripe creates the object either way). Declining test payment
+// methods answer 402 card_error.
+ApiResponse create_object(Ledger& ledger, const CreationRequest& request,
+                          const std::optional<std::string>& idempotency_key);
+
+ApiResponse retrieve_object(const Ledger& ledger, ObjectKind kind, const std::string& id);
+
+// GET /v1/{payment_intents,charges}?customer=&limit=&starting_after=
+// Immediately consistent, newest first.
+ApiResponse list_objects(const Ledger& ledger, ObjectKind kind, const FormParams& query);
+
+// GET /v1/{payment_intents,charges}/search?query=&limit=&page=
+// Eventually consistent: objects younger than `search_delay` are not found.
+ApiResponse search_objects(const Ledger& ledger, ObjectKind kind, const FormParams& query,
+                           std::chrono::milliseconds search_delay);
+
+}  // namespace stripe_emulator
