@@ -98,6 +98,12 @@ bool receive_more(int fd, std::string& buffer, int timeout_ms) {
     if (received < 0 && errno == EINTR) continue;
     if (received <= 0) return false;
     buffer.append(chunk, static_cast<std::size_t>(received));
+    // Acknowledge at once. A client without TCP_NODELAY that writes the head
+    // and the body separately would otherwise wait for our delayed ACK
+    // (~40 ms) before Nagle lets the body out. Linux clears this flag by
+    // itself, hence setting it after every read.
+    const int on = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_QUICKACK, &on, sizeof on);
     return true;
   }
 }
