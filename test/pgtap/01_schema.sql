@@ -4,10 +4,10 @@
 -- the tables exist; billing_records keeps the seed's columns and constraints
 -- verbatim (names, types, NOT NULL, defaults, billing_records_pk and
 -- billing_records_uq); the journal's primary key is (persistence_id, seq_nr);
--- the status CHECK admits exactly the documented values; nothing in the schema
--- is granted to PUBLIC.
+-- the status CHECK admits exactly the documented values; the data tables are
+-- registered for pg_dump; nothing in the schema is granted to PUBLIC.
 BEGIN;
-SELECT plan(65);
+SELECT plan(69);
 
 -- The extension and its schema.
 SELECT has_schema('billguard', 'schema billguard exists');
@@ -139,6 +139,19 @@ SELECT throws_ok($$INSERT INTO billguard.billing_records
                  '23514', NULL, 'a completed record without a charge_id is refused');
 SELECT is((SELECT count(*) FROM billguard.billing_records WHERE customer_id LIKE 't01\_%'),
           8::bigint, 'only the eight valid records were written');
+
+-- The tables holding user data are extension configuration tables, so
+-- pg_dump dumps their rows. Otherwise a dump/restore silently loses every
+-- account, pre-flight claim and event, and the next bill_period claims and
+-- charges every customer again.
+SELECT ok('billguard.accounts'::regclass = ANY (coalesce((SELECT extconfig FROM pg_extension WHERE extname = 'billguard'), '{}')),
+          'accounts is registered with pg_extension_config_dump (its rows survive pg_dump)');
+SELECT ok('billguard.billing_records'::regclass = ANY (coalesce((SELECT extconfig FROM pg_extension WHERE extname = 'billguard'), '{}')),
+          'billing_records is registered with pg_extension_config_dump (its rows survive pg_dump)');
+SELECT ok('billguard.journal'::regclass = ANY (coalesce((SELECT extconfig FROM pg_extension WHERE extname = 'billguard'), '{}')),
+          'journal is registered with pg_extension_config_dump (its rows survive pg_dump)');
+SELECT ok('billguard.snapshots'::regclass = ANY (coalesce((SELECT extconfig FROM pg_extension WHERE extname = 'billguard'), '{}')),
+          'snapshots is registered with pg_extension_config_dump (its rows survive pg_dump)');
 
 -- Nothing is granted to PUBLIC.
 SELECT is(has_schema_privilege('public', 'billguard', 'USAGE'), false, 'PUBLIC has no USAGE on schema billguard');

@@ -6,9 +6,11 @@
 -- pg_backend_pid(), following queries succeed, an error inside a SAVEPOINT
 -- can be rolled back to and the transaction continues with its earlier work
 -- intact; 1,000 failing calls caught in a loop leave the backend alive and
--- every one of them reported the same clean error.
+-- every one of them reported the same clean error; a compressed (TOASTed)
+-- argument fails just as cleanly; in parallel workers the function sees the
+-- leader's namespace and its errors reach the client as 22023.
 BEGIN;
-SELECT plan(22);
+SELECT plan(28);
 
 CREATE TEMP TABLE t03_facts (name text PRIMARY KEY, value text);
 INSERT INTO t03_facts VALUES ('pid_before', pg_backend_pid()::text);
@@ -130,6 +132,53 @@ SELECT is((SELECT count(DISTINCT billguard.idempotency_key('cust_' || g, '2026-0
           '1,000 successful calls afterwards give 1,000 distinct keys');
 SELECT is((SELECT count(*) FROM pg_stat_activity WHERE pid = pg_backend_pid()), 1::bigint,
           'the backend is still listed in pg_stat_activity');
+
+-- A compressed (TOASTed) argument read from a table goes through the
+-- detoasting path inside the C++ boundary and still fails cleanly.
+CREATE TEMP TABLE t03_big (v text);
+INSERT INTO t03_big VALUES (repeat('x', 100000));
+SELECT ok((SELECT pg_column_size(v) < 100000 FROM t03_big), 'the stored 100 kB value is compressed');
+SELECT throws_ok($$SELECT billguard.idempotency_key(v, '2026-08') FROM t03_big$$, '22023',
+                 'customer_id must be at most 255 bytes, got 100000',
+                 'a compressed 100 kB customer id from a table is 22023');
+
+-- Parallel workers (idempotency_key is PARALLEL SAFE): they compute the
+-- same keys with the leader's namespace setting, and their errors reach the
+-- client as the same clean 22023.
+CREATE TABLE public.t03_parallel AS SELECT 'cust_' || g AS c FROM generate_series(1, 1000) g;
+ANALYZE public.t03_parallel;
+SET LOCAL parallel_setup_cost = 0;
+SET LOCAL parallel_tuple_cost = 0;
+SET LOCAL min_parallel_table_scan_size = 0;
+SET LOCAL max_parallel_workers_per_gather = 2;
+SET LOCAL billguard.key_namespace = 'other-ns';
+CREATE FUNCTION pg_temp.t03_plan(query text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+  line text;
+  plan text := '';
+BEGIN
+  FOR line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || query LOOP
+    plan := plan || line || E'\n';
+  END LOOP;
+  RETURN plan;
+END $$;
+SELECT matches(pg_temp.t03_plan($$SELECT count(*) FROM public.t03_parallel
+                                   WHERE billguard.idempotency_key(c, '2026-08') = 'a9937d13d8dac69afbf7a570a56bd1c1'$$),
+               'Parallel Seq Scan on t03_parallel\s+Filter: \(billguard\.idempotency_key',
+               'the key filter is planned inside parallel workers');
+SELECT is((SELECT count(*) FROM public.t03_parallel
+            WHERE billguard.idempotency_key(c, '2026-08') = 'a9937d13d8dac69afbf7a570a56bd1c1'), 1::bigint,
+          'parallel workers use the leader''s namespace (other-ns vector for cust_123 found once)');
+SELECT throws_ok($$SELECT count(*) FROM public.t03_parallel WHERE billguard.idempotency_key(c, '2026-13') IS NOT NULL$$,
+                 '22023', 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08)',
+                 'an error inside parallel workers reaches the client as 22023');
+RESET billguard.key_namespace;
+RESET max_parallel_workers_per_gather;
+RESET min_parallel_table_scan_size;
+RESET parallel_tuple_cost;
+RESET parallel_setup_cost;
+SELECT is(pg_backend_pid()::text, (SELECT value FROM t03_facts WHERE name = 'pid_before'),
+          'pg_backend_pid() is unchanged at the end');
 
 SELECT * FROM finish();
 ROLLBACK;
