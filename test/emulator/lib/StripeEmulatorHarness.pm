@@ -34,7 +34,8 @@ sub binary {
 }
 
 # Options: args => [extra flags], quiet => 0 to keep request logging,
-# stderr => file to send the emulator's stderr to (default /dev/null).
+# stderr => file to append the emulator's stderr to (default: the file named
+# by $BILLGUARD_EMULATOR_STDERR, else /dev/null).
 sub start {
   my ($class, %options) = @_;
   my $binary = binary();
@@ -49,7 +50,8 @@ sub start {
   if ($pid == 0) {
     close $from_child;
     open STDOUT, '>&', $to_parent or POSIX::_exit(126);
-    open STDERR, '>', ($options{stderr} // '/dev/null') or POSIX::_exit(126);
+    open STDERR, '>>', ($options{stderr} // $ENV{BILLGUARD_EMULATOR_STDERR} // '/dev/null')
+      or POSIX::_exit(126);
     exec @command or POSIX::_exit(127);
   }
   close $to_parent;
