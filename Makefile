@@ -13,7 +13,8 @@ OBJS = \
 	extension/shared_state.o \
 	extension/dispatcher_wakeup.o \
 	extension/key_derivation.o \
-	extension/idempotency_key.o
+	extension/idempotency_key.o \
+	extension/journal_events.o
 
 # The install script is assembled from one file per concern, in name order.
 SQL_PARTS  = $(sort $(wildcard sql/install/*.sql))
@@ -30,8 +31,12 @@ COMPILE.cxx.bc = $(CLANG) -xc++ -std=c++17 -Wno-register -Wno-ignored-attributes
 EXTRA_CLEAN = test/unit/key_derivation_test
 
 PG_CONFIG ?= pg_config
-PGXS := $(shell $(PG_CONFIG) --pgxs)
+PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
+ifneq ($(PGXS),)
 include $(PGXS)
+else ifeq ($(filter test demo bench deps,$(MAKECMDGOALS)),)
+$(error pg_config not found: install postgresql-server-dev-15, or run `make deps`)
+endif
 
 sql/billguard--$(EXTVERSION).sql: $(SQL_PARTS)
 	cat $(SQL_PARTS) > $@
@@ -54,3 +59,16 @@ demo:
 
 bench:
 	bench/run.sh
+
+# The Stripe emulator: its own Makefile, no code shared with the extension.
+EMULATOR = tools/stripe-emulator/billguard-stripe-emulator
+.PHONY: emulator install-emulator clean-emulator
+all: emulator
+emulator:
+	$(MAKE) -C tools/stripe-emulator
+install: install-emulator
+install-emulator: emulator
+	$(INSTALL_PROGRAM) $(EMULATOR) '$(DESTDIR)$(bindir)/billguard-stripe-emulator'
+clean: clean-emulator
+clean-emulator:
+	$(MAKE) -C tools/stripe-emulator clean

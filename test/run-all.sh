@@ -6,15 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
-[ "$(id -u)" = 0 ] && test/install-deps.sh
-export PATH="$(pg_config --bindir):$PATH"
-make -s
-[ "$(id -u)" = 0 ] && make -s install
+source test/prepare.sh test
 make -s test/unit/key_derivation_test
-
-work=$(mktemp -d /tmp/billguard-test.XXXXXX)
-chmod 755 "$work"
-port=${BILLGUARD_TEST_PORT:-$((20000 + RANDOM % 20000))}
 cleanup() {
   test/cluster.sh stop "$work/pgtap" immediate 2>/dev/null || true
   rm -rf "$work"
@@ -24,6 +17,9 @@ trap cleanup EXIT
 failed=0
 echo "== unit tests"
 prove test/unit/ || failed=1
+
+echo "== Stripe emulator"
+prove test/emulator/ || failed=1
 
 echo "== pgTAP suites"
 test/cluster.sh start "$work/pgtap" "$port"

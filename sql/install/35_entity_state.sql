@@ -127,7 +127,11 @@ BEGIN
   DELETE FROM billguard.snapshots s WHERE s.persistence_id = pid AND s.seq_nr < covered_to;
   GET DIAGNOSTICS snapshots_deleted = ROW_COUNT;
   PERFORM set_config('billguard_internal.retention', 'on', true);
-  DELETE FROM billguard.journal j WHERE j.persistence_id = pid AND j.seq_nr <= covered_to;
+  -- The newest event always stays: it alone keeps the entity's highest
+  -- seq_nr if every snapshot is lost later, so seq_nr never goes back.
+  DELETE FROM billguard.journal j
+   WHERE j.persistence_id = pid AND j.seq_nr <= covered_to
+     AND j.seq_nr < (SELECT max(h.seq_nr) FROM billguard.journal h WHERE h.persistence_id = pid);
   GET DIAGNOSTICS events_deleted = ROW_COUNT;
   PERFORM set_config('billguard_internal.retention', 'off', true);
   RETURN NEXT;

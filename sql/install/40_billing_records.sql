@@ -76,3 +76,11 @@ CREATE FUNCTION billguard.caller_status(record_status text) RETURNS text
     WHEN 'blocked' THEN 'blocked'
     ELSE 'in_progress'   -- pending, dispatching, unknown, needs_review
   END;
+
+-- Advisory lock classes (first key of the two-key advisory locks) that
+-- serialise claims: one per billing period, and one for the scheduler
+-- entity's journal.
+CREATE FUNCTION billguard.period_lock_class() RETURNS integer
+  LANGUAGE sql IMMUTABLE PARALLEL SAFE RETURN 1651068161;   -- 'bg' 0x0001
+CREATE FUNCTION billguard.scheduler_lock_class() RETURNS integer
+  LANGUAGE sql IMMUTABLE PARALLEL SAFE RETURN 1651068162;   -- 'bg' 0x0002

@@ -42,6 +42,9 @@ BEGIN
       USING ERRCODE = 'invalid_parameter_value';
   END IF;
 
+  -- Shared with other single claims, exclusive against bill_period (see there).
+  PERFORM pg_advisory_xact_lock_shared(billguard.period_lock_class(), hashtext(period));
+
   -- The pre-flight claim. A concurrent caller that got there first makes
   -- this insert wait for its commit and then do nothing. No arbiter is
   -- named: the same claim conflicts on the key (billing_records_pk) as well
@@ -65,10 +68,8 @@ BEGIN
   -- The record is new, so its entity has no events yet: seq_nr 1.
   INSERT INTO billguard.journal (persistence_id, seq_nr, customer_id, event_type, event)
   VALUES ('billing-' || customer || '-' || period, 1, customer, 'BillingInitiated',
-          jsonb_build_object('customer_id', customer, 'billing_period', period,
-                             'idempotency_key', key, 'amount_cents', account.amount_cents,
-                             'currency', account.currency, 'initiated_at', claimed_at,
-                             'request_id', bill_customer.request_id));
+          billguard.billing_initiated_event(customer, period, key, account.amount_cents,
+                                            account.currency, claimed_at, bill_customer.request_id));
   PERFORM billguard.wake_dispatcher();
   RETURN QUERY SELECT 'initiated'::text, key, NULL::text;
 END $$;

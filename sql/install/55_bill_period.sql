@@ -4,60 +4,68 @@
 -- column alike, as bill_period's public signature does.
 CREATE FUNCTION billguard.claim_period(period text)
   RETURNS TABLE (initiated bigint, already_completed bigint, in_progress bigint, failed bigint)
-  LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  -- The anti-join below reads billing_records while the same statement
+  -- inserts into it; planned as a nested loop over a seq scan (likely while
+  -- the table is new and unanalysed) it would rescan the growing table per
+  -- account. Hash and merge joins keep a large period linear.
+  SET enable_nestloop = off
+  AS $$
 #variable_conflict use_column
 DECLARE
   ns        text := billguard.key_namespace();
-  attempted bigint;
   scheduler_state jsonb;
 BEGIN
   PERFORM billguard.check_billing_period(period);
 
-  -- One statement: find accounts without a record, claim them in customer
-  -- order (so concurrent callers wait on each other instead of deadlocking),
-  -- journal exactly the claims that this call won, and count the rest.
-  WITH accounts_in_period AS MATERIALIZED (
-    SELECT a.customer_id, a.stripe_customer, a.amount_cents, a.currency, a.payment_method,
-           r.status
-      FROM billguard.accounts a
-      LEFT JOIN billguard.billing_records r
-        ON r.customer_id = a.customer_id AND r.billing_period = period
-     WHERE a.active
-  ), claimed AS (
-    INSERT INTO billguard.billing_records AS r
-           (customer_id, billing_period, idempotency_key, amount_cents, currency,
-            stripe_customer, payment_method)
-    SELECT c.customer_id, period, billguard.idempotency_key(c.customer_id, period, ns),
-           c.amount_cents, c.currency, c.stripe_customer, c.payment_method
-      FROM accounts_in_period c
-     WHERE c.status IS NULL
-     ORDER BY c.customer_id
-    ON CONFLICT DO NOTHING   -- on the key or on (customer, period): see bill_customer
-    RETURNING r.customer_id, r.idempotency_key, r.amount_cents, r.currency, r.created_at
-  ), journaled AS (
-    INSERT INTO billguard.journal (persistence_id, seq_nr, customer_id, event_type, event)
-    SELECT 'billing-' || c.customer_id || '-' || period, 1, c.customer_id, 'BillingInitiated',
-           jsonb_build_object('customer_id', c.customer_id, 'billing_period', period,
-                              'idempotency_key', c.idempotency_key,
-                              'amount_cents', c.amount_cents, 'currency', c.currency,
-                              'initiated_at', c.created_at)
-      FROM claimed c
-    RETURNING 1
-  )
-  SELECT (SELECT count(*) FROM journaled),
-         count(*) FILTER (WHERE s.status = 'completed'),
-         count(*) FILTER (WHERE s.status IN ('pending', 'dispatching', 'unknown', 'needs_review')),
-         count(*) FILTER (WHERE s.status IN ('failed', 'blocked')),
-         count(*) FILTER (WHERE s.status IS NULL)
-    INTO initiated, already_completed, in_progress, failed, attempted
-    FROM accounts_in_period s;
+  -- Claims of one period are serialised: bill_period holds the period's
+  -- lock exclusively, bill_customer holds it shared. Once we have it, every
+  -- earlier claim is committed and visible to the next statement, so a plain
+  -- set-based INSERT of the accounts without a record claims each exactly
+  -- once; no per-row speculative insertion, no row-order deadlocks.
+  PERFORM pg_advisory_xact_lock(billguard.period_lock_class(), hashtext(period));
+  BEGIN
+    WITH claimed AS (
+      INSERT INTO billguard.billing_records AS r
+             (customer_id, billing_period, idempotency_key, amount_cents, currency,
+              stripe_customer, payment_method)
+      SELECT a.customer_id, period, billguard.idempotency_key(a.customer_id, period, ns),
+             a.amount_cents, a.currency, a.stripe_customer, a.payment_method
+        FROM billguard.accounts a
+       WHERE a.active
+         AND NOT EXISTS (SELECT FROM billguard.billing_records e
+                          WHERE e.customer_id = a.customer_id AND e.billing_period = period)
+      RETURNING r.customer_id, r.idempotency_key, r.amount_cents, r.currency, r.created_at
+    ), journaled AS (
+      INSERT INTO billguard.journal (persistence_id, seq_nr, customer_id, event_type, event)
+      SELECT 'billing-' || c.customer_id || '-' || period, 1, c.customer_id, 'BillingInitiated',
+             billguard.billing_initiated_event(c.customer_id, period, c.idempotency_key,
+                                               c.amount_cents, c.currency, c.created_at)
+        FROM claimed c
+      RETURNING 1
+    )
+    SELECT count(*) INTO initiated FROM journaled;
+  EXCEPTION WHEN unique_violation THEN
+    -- Only a REPEATABLE READ / SERIALIZABLE caller whose snapshot predates
+    -- another claim gets here; nothing of this call is kept.
+    RAISE EXCEPTION 'billing records of % were claimed concurrently; retry the transaction', period
+      USING ERRCODE = 'serialization_failure';
+  END;
 
-  -- Claims lost to a concurrent caller are that caller's, still in progress.
-  in_progress := in_progress + (attempted - initiated);
+  -- Everyone else's records: claims committed before we took the lock.
+  SELECT count(*) FILTER (WHERE r.status = 'completed'),
+         count(*) FILTER (WHERE r.status IN ('pending', 'dispatching', 'unknown', 'needs_review')),
+         count(*) FILTER (WHERE r.status IN ('failed', 'blocked'))
+    INTO already_completed, in_progress, failed
+    FROM billguard.billing_records r
+    JOIN billguard.accounts a ON a.customer_id = r.customer_id
+   WHERE r.billing_period = period AND a.active;
+  in_progress := in_progress - initiated;   -- our own claims are pending too
 
   -- The first time a period is billed, the scheduler entity records it.
   -- The advisory lock serialises appends to that one entity.
-  PERFORM pg_advisory_xact_lock(hashtext('billguard'), hashtext('billing-scheduler'));
+  PERFORM pg_advisory_xact_lock(billguard.scheduler_lock_class(), 0);
   scheduler_state := billguard.entity_state('billing-scheduler');
   IF NOT (scheduler_state -> 'issued_periods') ? period THEN
     PERFORM billguard.append_event('billing-scheduler', (scheduler_state ->> 'seq_nr')::bigint,

@@ -1,3 +1,10 @@
+-- pg_dump must carry the data tables: losing billing_records in a dump and
+-- restore would let every (customer, period) be claimed again.
+SELECT pg_catalog.pg_extension_config_dump('billguard.accounts', '');
+SELECT pg_catalog.pg_extension_config_dump('billguard.billing_records', '');
+SELECT pg_catalog.pg_extension_config_dump('billguard.journal', '');
+SELECT pg_catalog.pg_extension_config_dump('billguard.snapshots', '');
+
 -- Nothing is granted to PUBLIC. Application roles get EXECUTE on the
 -- functions they call (see README, "Privileges"); the SECURITY DEFINER
 -- functions do the table access.

@@ -5,8 +5,8 @@
 -- replays in order with from/to bounds and max_count; several appends rolled
 -- back together leave nothing (atomic multi-event writes); UPDATE, DELETE and
 -- TRUNCATE of billguard.journal are refused (42501); after save_snapshot +
--- apply_retention the covered events are gone but the highest seq_nr is
--- kept, so seq_nr never goes back; entity_state folds the snapshot plus later
+-- apply_retention the covered events are gone but the newest, which keeps
+-- the highest seq_nr, so seq_nr never goes back; entity_state folds the snapshot plus later
 -- events; a billing entity pruned down to its snapshot still folds to
 -- 'in_progress'; billguard.snapshot_every takes automatic snapshots; bad
 -- input to append_event is 22023 and writes nothing.
@@ -90,8 +90,10 @@ SELECT is(billguard.append_event('t04-entity-r', g - 1, 'Step', jsonb_build_obje
   FROM generate_series(1, 5) g;
 SELECT is(billguard.save_snapshot('t04-entity-r'), 5::bigint, 'save_snapshot returns the latest seq_nr 5');
 SELECT results_eq($$SELECT * FROM billguard.apply_retention('t04-entity-r', 1)$$,
-                  $$VALUES (0::bigint, 5::bigint)$$, 'apply_retention(keep 1) deletes the 5 covered events');
-SELECT is_empty($$SELECT * FROM billguard.events('t04-entity-r')$$, 'the covered events are gone');
+                  $$VALUES (0::bigint, 4::bigint)$$,
+                  'apply_retention(keep 1) deletes the covered events but the newest');
+SELECT results_eq($$SELECT seq_nr FROM billguard.events('t04-entity-r')$$, ARRAY[5::bigint],
+                  'only the newest event stays: it keeps the highest seq_nr');
 SELECT is(billguard.highest_seq_nr('t04-entity-r'), 5::bigint, 'highest_seq_nr is still 5');
 SELECT throws_ok($$SELECT billguard.append_event('t04-entity-r', 0, 'Step', '{}')$$, '40001',
                  'concurrent append to t04-entity-r: expected seq_nr 0, journal is at 5',
@@ -129,9 +131,9 @@ SELECT billguard.append_event('billing-t04_pruned-2031-03', 0, 'BillingInitiated
 SELECT billguard.append_event('billing-t04_pruned-2031-03', 1, 'ChargeAttempted', '{"attempt": 1}') AS ignored \gset
 SELECT is(billguard.save_snapshot('billing-t04_pruned-2031-03'), 2::bigint, 'pruned entity snapshotted at seq_nr 2');
 SELECT results_eq($$SELECT * FROM billguard.apply_retention('billing-t04_pruned-2031-03', 1)$$,
-                  $$VALUES (0::bigint, 2::bigint)$$, 'retention deletes both of its events');
-SELECT is((SELECT count(*) FROM billguard.journal WHERE persistence_id = 'billing-t04_pruned-2031-03'), 0::bigint,
-          'the pruned entity has no events left');
+                  $$VALUES (0::bigint, 1::bigint)$$, 'retention deletes the covered event but the newest');
+SELECT is((SELECT count(*) FROM billguard.journal WHERE persistence_id = 'billing-t04_pruned-2031-03'), 1::bigint,
+          'the pruned entity keeps only its newest event');
 SELECT is(billguard.entity_state('billing-t04_pruned-2031-03') ->> 'status', 'in_progress',
           'the pruned billing entity still folds to in_progress');
 SELECT is(billguard.entity_state('billing-t04_pruned-2031-03') ->> 'idempotency_key', 'k-t04-pruned',

@@ -1,0 +1,62 @@
+// Concurrent HTTP requests over libcurl's multi interface. Pure C++ (no
+// PostgreSQL headers): it never touches the database, and it runs in the
+// dispatcher while no transaction is open.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace billguard {
+
+struct HttpRequest {
+  std::uint64_t tag = 0;             // the caller's id, returned with the response
+  bool post = true;                  // POST with body, or GET
+  std::string url;
+  std::vector<std::string> headers;  // "Name: value"
+  std::string body;
+};
+
+struct HttpResponse {
+  std::uint64_t tag = 0;
+  long status = 0;              // 0 when no HTTP response arrived
+  bool timed_out = false;
+  std::string transport_error;  // why no response arrived (status 0)
+  std::string body;
+  std::string idempotent_replayed;  // header values, empty when absent
+  std::string should_retry;
+  std::string request_id;
+};
+
+// Once per process, before any HttpClient (curl_global_init is not
+// thread-safe and must not run in the postmaster).
+void InitializeHttp();
+void ShutdownHttp();
+
+class HttpClient {
+ public:
+  explicit HttpClient(long timeout_ms);
+  ~HttpClient();
+  HttpClient(const HttpClient&) = delete;
+  HttpClient& operator=(const HttpClient&) = delete;
+
+  void set_timeout_ms(long timeout_ms) { timeout_ms_ = timeout_ms; }
+  void Submit(HttpRequest request);
+  // Drives all transfers, waiting at most timeout_ms for activity, and
+  // returns the ones that finished.
+  std::vector<HttpResponse> Poll(int timeout_ms);
+  std::size_t in_flight() const { return transfers_.size(); }
+  // Drops every transfer without waiting for answers.
+  void AbortAll();
+
+ private:
+  struct Transfer;
+  void* multi_;  // CURLM*
+  long timeout_ms_;
+  std::unordered_map<void*, std::unique_ptr<Transfer>> transfers_;  // by CURL*
+};
+
+}  // namespace billguard

@@ -1,0 +1,76 @@
+// Stripe request encoding (see stripe_request.hpp).
+#include "stripe_request.hpp"
+
+#include <stdexcept>
+
+namespace billguard {
+
+namespace {
+
+bool IsUnreserved(unsigned char c) {
+  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' ||
+         c == '_' || c == '.' || c == '~';
+}
+
+void AppendEncoded(std::string& out, const std::string& text, bool space_as_plus) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  for (unsigned char c : text) {
+    if (IsUnreserved(c)) {
+      out.push_back(static_cast<char>(c));
+    } else if (c == ' ' && space_as_plus) {
+      out.push_back('+');
+    } else {
+      out.push_back('%');
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 0x0f]);
+    }
+  }
+}
+
+}  // namespace
+
+std::string FormEncode(const FormFields& fields) {
+  std::string out;
+  for (const auto& [name, value] : fields) {
+    if (!out.empty()) out.push_back('&');
+    AppendEncoded(out, name, true);
+    out.push_back('=');
+    AppendEncoded(out, value, true);
+  }
+  return out;
+}
+
+std::string PercentEncode(const std::string& text) {
+  std::string out;
+  AppendEncoded(out, text, false);
+  return out;
+}
+
+FormFields ChargeFields(const ChargeRecord& r, const std::string& endpoint) {
+  FormFields fields = {
+      {"amount", std::to_string(r.amount_cents)},
+      {"currency", r.currency},
+      {"customer", r.stripe_customer},
+  };
+  if (endpoint == "/v1/payment_intents") {
+    if (!r.payment_method.empty()) fields.emplace_back("payment_method", r.payment_method);
+    fields.emplace_back("confirm", "true");
+    fields.emplace_back("off_session", "true");
+  } else if (endpoint == "/v1/charges") {
+    if (!r.payment_method.empty()) fields.emplace_back("source", r.payment_method);
+  } else {
+    throw std::invalid_argument("unsupported Stripe endpoint " + endpoint);
+  }
+  fields.emplace_back("description", "billguard " + r.customer_id + " " + r.billing_period);
+  fields.emplace_back("metadata[billguard_key]", r.idempotency_key);
+  fields.emplace_back("metadata[billing_period]", r.billing_period);
+  fields.emplace_back("metadata[customer_id]", r.customer_id);
+  return fields;
+}
+
+std::string SearchPath(const std::string& endpoint, const std::string& idempotency_key) {
+  return endpoint + "/search?query=" +
+         PercentEncode("metadata['billguard_key']:'" + idempotency_key + "'");
+}
+
+}  // namespace billguard
