@@ -14,7 +14,15 @@ OBJS = \
 	extension/dispatcher_wakeup.o \
 	extension/key_derivation.o \
 	extension/idempotency_key.o \
-	extension/journal_events.o
+	extension/journal_events.o \
+	extension/api_base.o \
+	extension/api_key.o \
+	extension/http_client.o \
+	extension/stripe_request.o \
+	extension/spi_transaction.o \
+	extension/dispatch_queue.o \
+	extension/dispatcher.o \
+	extension/dispatcher_status.o
 
 # The install script is assembled from one file per concern, in name order.
 SQL_PARTS  = $(sort $(wildcard sql/install/*.sql))
@@ -22,7 +30,7 @@ DATA_built = sql/billguard--$(EXTVERSION).sql
 
 PG_CXXFLAGS = -std=c++17 -fno-omit-frame-pointer -Wno-register -Wno-missing-field-initializers
 PG_CPPFLAGS = -Iextension
-SHLIB_LINK  = -lcrypto -lstdc++
+SHLIB_LINK  = -lcurl -lcrypto -lstdc++
 
 # Debian's PGXS also emits LLVM bitcode for JIT inlining; clang needs the
 # same language standard as g++ for our C++17 sources.

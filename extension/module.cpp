@@ -4,6 +4,9 @@
 
 #include <cstring>
 
+#include "api_base.hpp"
+#include "dispatcher.hpp"
+
 #include "shared_state.hpp"
 
 extern "C" {
@@ -19,6 +22,18 @@ void _PG_init(void);
 namespace billguard::settings {
 char* key_namespace = nullptr;
 int snapshot_every = 100;
+char* database = nullptr;
+char* api_base = nullptr;
+char* api_key_file = nullptr;
+char* stripe_endpoint = nullptr;
+char* stripe_version = nullptr;
+int max_inflight = 16;
+double max_requests_per_second = 25;
+int request_timeout_ms = 30000;
+int idempotency_window_s = 23 * 3600;
+int max_attempts = 10;
+int poll_interval_ms = 1000;
+int search_settle_delay_s = 120;
 }
 
 namespace {
@@ -35,6 +50,71 @@ bool CheckKeyNamespace(char** newval, void** /*extra*/, GucSource /*source*/) {
     return false;
   }
   return true;
+}
+
+bool CheckApiBase(char** newval, void** /*extra*/, GucSource /*source*/) {
+  if (*newval == nullptr || !billguard::IsAcceptableApiBase(*newval)) {
+    GUC_check_errdetail(
+        "billguard.api_base must be an https:// URL, or http:// to a loopback address, "
+        "without a trailing slash.");
+    return false;
+  }
+  return true;
+}
+
+bool CheckStripeEndpoint(char** newval, void** /*extra*/, GucSource /*source*/) {
+  if (*newval == nullptr ||
+      (std::strcmp(*newval, "/v1/payment_intents") != 0 && std::strcmp(*newval, "/v1/charges") != 0)) {
+    GUC_check_errdetail("billguard.stripe_endpoint must be /v1/payment_intents or /v1/charges.");
+    return false;
+  }
+  return true;
+}
+
+void DefineDispatcherSettings() {
+  using namespace billguard::settings;
+  DefineCustomStringVariable("billguard.database", "Database the dispatcher works in.", nullptr,
+                             &database, "postgres", PGC_POSTMASTER, 0, nullptr, nullptr, nullptr);
+  DefineCustomStringVariable("billguard.api_base", "Base URL of the Stripe API (or the proxy).",
+                             nullptr, &api_base, "https://api.stripe.com", PGC_SIGHUP, 0,
+                             CheckApiBase, nullptr, nullptr);
+  // The path is superuser-only too: it says where the secret lives.
+  DefineCustomStringVariable(
+      "billguard.api_key_file", "File holding the Stripe key (rk_, sk_ or a proxy vault key vk_).",
+      "Read at start and on SIGHUP; the key itself is never logged or shown.", &api_key_file, "",
+      PGC_SIGHUP, GUC_SUPERUSER_ONLY, nullptr, nullptr, nullptr);
+  DefineCustomStringVariable("billguard.stripe_endpoint", "Stripe endpoint that creates charges.",
+                             nullptr, &stripe_endpoint, "/v1/payment_intents", PGC_SIGHUP, 0,
+                             CheckStripeEndpoint, nullptr, nullptr);
+  DefineCustomStringVariable("billguard.stripe_version", "Pinned Stripe-Version header.", nullptr,
+                             &stripe_version, "2024-06-20", PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+  DefineCustomIntVariable("billguard.max_inflight", "Concurrent Stripe requests.", nullptr,
+                          &max_inflight, 16, 1, 1024, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+  DefineCustomRealVariable("billguard.max_requests_per_second",
+                           "Request rate limit (Stripe allows 25/s in test mode, 100/s live).",
+                           nullptr, &max_requests_per_second, 25, 0.1, 100000, PGC_SIGHUP, 0,
+                           nullptr, nullptr, nullptr);
+  DefineCustomIntVariable("billguard.request_timeout", "Timeout of one Stripe request.", nullptr,
+                          &request_timeout_ms, 30000, 100, 600000, PGC_SIGHUP, GUC_UNIT_MS,
+                          nullptr, nullptr, nullptr);
+  DefineCustomIntVariable(
+      "billguard.idempotency_window",
+      "How long after the first dispatch Stripe's idempotency cache is trusted.",
+      "Older records are searched for at Stripe before being re-sent; Stripe keeps keys >= 24 h.",
+      &idempotency_window_s, 23 * 3600, 1, 7 * 24 * 3600, PGC_SIGHUP, GUC_UNIT_S, nullptr, nullptr,
+      nullptr);
+  DefineCustomIntVariable("billguard.max_attempts",
+                          "Attempts before a record with indeterminate errors is marked failed.",
+                          nullptr, &max_attempts, 10, 1, 1000, PGC_SIGHUP, 0, nullptr, nullptr,
+                          nullptr);
+  DefineCustomIntVariable("billguard.poll_interval",
+                          "How often the dispatcher looks for due records without a wake-up.",
+                          nullptr, &poll_interval_ms, 1000, 10, 3600000, PGC_SIGHUP, GUC_UNIT_MS,
+                          nullptr, nullptr, nullptr);
+  DefineCustomIntVariable("billguard.search_settle_delay",
+                          "How long an unknown outcome waits before search may call it absent.",
+                          nullptr, &search_settle_delay_s, 120, 0, 86400, PGC_SIGHUP, GUC_UNIT_S,
+                          nullptr, nullptr, nullptr);
 }
 
 void DefineSettings() {
@@ -58,6 +138,9 @@ void DefineSettings() {
 extern "C" void _PG_init(void) {
   if (IsBinaryUpgrade) return;
   DefineSettings();
+  DefineDispatcherSettings();
   MarkGUCPrefixReserved("billguard");
-  if (process_shared_preload_libraries_in_progress) billguard::InstallSharedState();
+  if (!process_shared_preload_libraries_in_progress) return;
+  billguard::InstallSharedState();
+  billguard::RegisterDispatcher();
 }

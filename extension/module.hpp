@@ -8,4 +8,18 @@ extern char* key_namespace;
 // billguard.snapshot_every: append_event() snapshots every N events.
 extern int snapshot_every;
 
+// The dispatcher's settings; see module.cpp for their meaning and defaults.
+extern char* database;
+extern char* api_base;
+extern char* api_key_file;
+extern char* stripe_endpoint;
+extern char* stripe_version;
+extern int max_inflight;
+extern double max_requests_per_second;
+extern int request_timeout_ms;
+extern int idempotency_window_s;
+extern int max_attempts;
+extern int poll_interval_ms;
+extern int search_settle_delay_s;
+
 }  // namespace billguard::settings

@@ -28,8 +28,8 @@ void AttachSharedState() {
   shared_state =
       static_cast<SharedState*>(ShmemInitStruct("billguard", sizeof(SharedState), &found));
   if (!found) {
+    memset(shared_state, 0, sizeof(SharedState));
     SpinLockInit(&shared_state->mutex);
-    shared_state->dispatcher_latch = nullptr;
   }
   LWLockRelease(AddinShmemInitLock);
 }

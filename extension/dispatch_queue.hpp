@@ -1,0 +1,31 @@
+// The dispatcher's side of the dispatch queue: each call is one short
+// transaction running one of the SQL functions of sql/install/70_dispatch_queue.sql.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "stripe_request.hpp"
+
+namespace billguard {
+
+struct ClaimedRecord {
+  ChargeRecord charge;
+  int attempt = 0;
+  bool search_first = false;  // reconcile before (re-)sending
+};
+
+// Outcome of recording an answer: "completed", "retry", "failed",
+// "unknown", "needs_review", "paused", "charge" (search found nothing: send
+// now) or "stale" (the attempt's lease was taken over).
+using Outcome = std::string;
+
+bool ExtensionInstalled();
+long RequeueAbandoned();
+std::vector<ClaimedRecord> ClaimDueRecords(int max_rows);
+Outcome RecordChargeResponse(const ClaimedRecord& claimed, long http_status, const std::string& body,
+                             const std::string& should_retry, bool replayed);
+Outcome RecordTransportError(const ClaimedRecord& claimed, const std::string& message);
+Outcome RecordSearchResult(const ClaimedRecord& claimed, long http_status, const std::string& body);
+
+}  // namespace billguard

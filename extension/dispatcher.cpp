@@ -1,0 +1,312 @@
+// The dispatcher background worker (see dispatcher.hpp).
+//
+// Crash-only: any database error ends the worker and the postmaster starts
+// it again after bgw_restart_time; rows it left 'dispatching' are re-sent
+// with their stored key. Nothing here ever computes a key.
+#include "dispatcher.hpp"
+
+#include <chrono>
+#include <deque>
+#include <string>
+#include <unordered_map>
+
+#include "api_key.hpp"
+#include "dispatch_queue.hpp"
+#include "dispatcher_wakeup.hpp"
+#include "http_client.hpp"
+#include "module.hpp"
+#include "pg_boundary.hpp"
+#include "rate_pacer.hpp"
+#include "shared_state.hpp"
+#include "stripe_request.hpp"
+
+extern "C" {
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "utils/guc.h"
+
+PGDLLEXPORT void billguard_dispatcher_main(Datum arg);
+}
+
+namespace billguard {
+
+namespace {
+
+constexpr const char* kUserAgent = "billguard/0.1.0 (+libcurl)";
+
+void Log(const std::string& message) {
+  CallPostgres([&] { ereport(LOG, (errmsg("billguard dispatcher: %s", message.c_str()))); });
+}
+
+void PublishStatus(bool paused, const std::string& reason, int in_flight, int64 sent) {
+  SharedState* shared = Shared();
+  if (shared == nullptr) return;
+  SpinLockAcquire(&shared->mutex);
+  shared->paused = paused;
+  strlcpy(shared->pause_reason, reason.c_str(), sizeof(shared->pause_reason));
+  shared->in_flight = in_flight;
+  shared->requests_sent = sent;
+  SpinLockRelease(&shared->mutex);
+}
+
+void MarkRunning(int pid) {
+  SharedState* shared = Shared();
+  if (shared == nullptr) return;
+  SpinLockAcquire(&shared->mutex);
+  shared->dispatcher_pid = pid;
+  shared->dispatcher_started_at = pid != 0 ? GetCurrentTimestamp() : 0;
+  shared->in_flight = 0;
+  SpinLockRelease(&shared->mutex);
+}
+
+void OnDispatcherExit(int /*code*/, Datum /*arg*/) {
+  WithdrawDispatcherLatch();
+  MarkRunning(0);
+}
+
+class Dispatcher {
+ public:
+  Dispatcher() : http_(settings::request_timeout_ms), pacer_(settings::max_requests_per_second) {}
+
+  void Run() {
+    LoadSettings();
+    WaitForExtension();
+    const long requeued = RequeueAbandoned();
+    if (requeued > 0) Log("re-sending " + std::to_string(requeued) + " records left dispatching");
+    Log("started");
+    while (!ShutdownRequestPending) {
+      if (ConfigReloadPending) Reload();
+      const auto now = Clock::now();
+      if (!paused_ && (maybe_due_ || now >= next_poll_)) ClaimIntoReadyQueue(now);
+      SendReady();
+      for (const HttpResponse& response : http_.Poll(in_flight_.empty() ? 0 : PollMilliseconds()))
+        Handle(response);
+      PublishStatus(paused_, pause_reason_, static_cast<int>(in_flight_.size()), sent_);
+      Wait();
+    }
+    Log("stopping with " + std::to_string(in_flight_.size()) +
+        " requests in flight; they are re-sent with the same key at the next start");
+    http_.AbortAll();
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  struct InFlight {
+    ClaimedRecord claimed;
+    bool searching = false;
+  };
+
+  void LoadSettings() {
+    http_.set_timeout_ms(settings::request_timeout_ms);
+    pacer_.set_rate(settings::max_requests_per_second);
+    const ApiKeyResult loaded = LoadApiKey(settings::api_key_file);
+    api_key_ = loaded.key;
+    if (api_key_.empty()) {
+      Pause(loaded.error);
+    } else if (paused_) {
+      paused_ = false;
+      pause_reason_.clear();
+      maybe_due_ = true;
+      Log("resumed after reloading settings");
+    }
+  }
+
+  void Reload() {
+    ConfigReloadPending = false;
+    CallPostgres([] { ProcessConfigFile(PGC_SIGHUP); });
+    // A refused key pauses until an operator fixes it; any reload retries.
+    if (paused_) api_key_.clear();
+    LoadSettings();
+  }
+
+  void Pause(const std::string& reason) {
+    if (paused_ && reason == pause_reason_) return;
+    paused_ = true;
+    pause_reason_ = reason;
+    ready_.clear();  // claimed rows stay dispatching; their lease brings them back
+    Log("paused: " + reason + "; fix it and reload the configuration (SIGHUP)");
+  }
+
+  void WaitForExtension() {
+    bool logged = false;
+    while (!ShutdownRequestPending && !ExtensionInstalled()) {
+      if (!logged) Log("waiting for CREATE EXTENSION billguard in database " + std::string(settings::database));
+      logged = true;
+      WaitLatchFor(settings::poll_interval_ms);
+      if (ConfigReloadPending) Reload();
+    }
+  }
+
+  // Claims as many due records as there is room for in flight, a fraction
+  // of a second's worth at the configured rate, so claims stay batched but
+  // a lease is never held long before its request leaves.
+  void ClaimIntoReadyQueue(Clock::time_point now) {
+    const int room = settings::max_inflight - static_cast<int>(in_flight_.size() + ready_.size());
+    const int batch = std::max(1, static_cast<int>(pacer_.Rate(now) / 5));
+    const int wanted = std::min(room, batch - static_cast<int>(ready_.size()));
+    if (wanted <= 0) return;
+    std::vector<ClaimedRecord> claimed = ClaimDueRecords(wanted);
+    maybe_due_ = static_cast<int>(claimed.size()) == wanted;
+    if (!maybe_due_) next_poll_ = now + std::chrono::milliseconds(settings::poll_interval_ms);
+    for (auto& c : claimed) ready_.push_back(std::move(c));
+  }
+
+  void SendReady() {
+    while (!ready_.empty() && !paused_) {
+      const auto now = Clock::now();
+      if (!pacer_.Ready(now)) return;
+      pacer_.Take(now);
+      ClaimedRecord claimed = std::move(ready_.front());
+      ready_.pop_front();
+      const bool search = claimed.search_first;
+      Send(std::move(claimed), search);
+    }
+  }
+
+  void Send(ClaimedRecord claimed, bool search) {
+    const std::string endpoint = settings::stripe_endpoint;
+    HttpRequest request;
+    request.tag = next_tag_++;
+    request.headers = {"Authorization: Bearer " + api_key_,
+                       "Stripe-Version: " + std::string(settings::stripe_version),
+                       std::string("User-Agent: ") + kUserAgent};
+    if (search) {
+      request.post = false;
+      request.url = std::string(settings::api_base) + SearchPath(endpoint, claimed.charge.idempotency_key);
+    } else {
+      request.url = std::string(settings::api_base) + endpoint;
+      request.body = FormEncode(ChargeFields(claimed.charge, endpoint));
+      request.headers.push_back("Idempotency-Key: " + claimed.charge.idempotency_key);
+      request.headers.push_back("Content-Type: application/x-www-form-urlencoded");
+    }
+    in_flight_.emplace(request.tag, InFlight{std::move(claimed), search});
+    http_.Submit(std::move(request));
+    ++sent_;
+  }
+
+  void Handle(const HttpResponse& response) {
+    auto found = in_flight_.find(response.tag);
+    if (found == in_flight_.end()) return;
+    InFlight done = std::move(found->second);
+    in_flight_.erase(found);
+    const ChargeRecord& charge = done.claimed.charge;
+    const std::string who = charge.customer_id + "/" + charge.billing_period;
+
+    Outcome outcome;
+    if (done.searching) {
+      outcome = RecordSearchResult(done.claimed, response.status, response.body);
+      if (outcome == "charge") {
+        Send(std::move(done.claimed), false);  // not found: send now, same key
+        return;
+      }
+    } else if (response.status == 0) {
+      outcome = RecordTransportError(done.claimed, response.transport_error);
+    } else {
+      outcome = RecordChargeResponse(done.claimed, response.status, response.body,
+                                     response.should_retry, response.idempotent_replayed == "true");
+    }
+
+    if (response.status == 429) pacer_.SlowDown(Clock::now());
+    if (outcome == "paused") {
+      Pause("Stripe refused the API key (HTTP " + std::to_string(response.status) + ")");
+    } else if (outcome == "failed" || outcome == "needs_review" || outcome == "unknown") {
+      Log(who + " is " + outcome + " after HTTP " + std::to_string(response.status) +
+          (response.status == 0 ? " (" + response.transport_error + ")" : ""));
+    }
+    if (outcome == "charge" || outcome == "retry") maybe_due_ = true;
+  }
+
+  int PollMilliseconds() const {
+    const auto until = std::chrono::duration_cast<std::chrono::milliseconds>(pacer_.UntilNext(Clock::now()));
+    if (!ready_.empty()) return static_cast<int>(std::clamp<long>(until.count(), 0, 5));
+    return 5;
+  }
+
+  // Sleeps until there may be work: a wake-up after a commit, the next
+  // paced send, the poll interval. With requests in flight the HTTP poll
+  // above was the wait, so this only collects a pending wake-up.
+  void Wait() {
+    long timeout_ms = 0;
+    if (in_flight_.empty()) {
+      const auto now = Clock::now();
+      if (paused_) {
+        timeout_ms = settings::poll_interval_ms;
+      } else if (!ready_.empty()) {
+        timeout_ms = std::chrono::duration_cast<std::chrono::milliseconds>(pacer_.UntilNext(now)).count();
+      } else if (!maybe_due_) {
+        timeout_ms = std::max<long>(
+            0, std::chrono::duration_cast<std::chrono::milliseconds>(next_poll_ - now).count());
+      }
+    }
+    if (WaitLatchFor(timeout_ms)) maybe_due_ = true;
+  }
+
+  // True when the latch was set (a billing committed).
+  bool WaitLatchFor(long timeout_ms) {
+    return CallPostgres([&] {
+      int rc = WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, timeout_ms,
+                         PG_WAIT_EXTENSION);
+      bool woken = (rc & WL_LATCH_SET) != 0;
+      if (woken) ResetLatch(MyLatch);
+      CHECK_FOR_INTERRUPTS();
+      return woken;
+    });
+  }
+
+  HttpClient http_;
+  RatePacer pacer_;
+  std::string api_key_;
+  bool paused_ = false;
+  std::string pause_reason_;
+  bool maybe_due_ = true;
+  Clock::time_point next_poll_{};
+  std::deque<ClaimedRecord> ready_;  // claimed, waiting for their paced start
+  std::unordered_map<std::uint64_t, InFlight> in_flight_;
+  std::uint64_t next_tag_ = 1;
+  int64 sent_ = 0;
+};
+
+}  // namespace
+
+void RegisterDispatcher() {
+  BackgroundWorker worker;
+  memset(&worker, 0, sizeof(worker));
+  worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+  worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+  worker.bgw_restart_time = 2;  // seconds: supervised, restarted after a crash
+  strlcpy(worker.bgw_library_name, "billguard", BGW_MAXLEN);
+  strlcpy(worker.bgw_function_name, "billguard_dispatcher_main", BGW_MAXLEN);
+  strlcpy(worker.bgw_name, "billguard dispatcher", BGW_MAXLEN);
+  strlcpy(worker.bgw_type, "billguard dispatcher", BGW_MAXLEN);
+  RegisterBackgroundWorker(&worker);
+}
+
+}  // namespace billguard
+
+extern "C" void billguard_dispatcher_main(Datum /*arg*/) {
+  pqsignal(SIGHUP, SignalHandlerForConfigReload);
+  pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
+  BackgroundWorkerUnblockSignals();
+  BackgroundWorkerInitializeConnection(billguard::settings::database, nullptr, 0);
+  pgstat_report_appname("billguard dispatcher");
+
+  billguard::GuardedCall("dispatcher", [&]() -> Datum {
+    billguard::InitializeHttp();
+    billguard::CallPostgres([] {
+      on_proc_exit(billguard::OnDispatcherExit, 0);
+      billguard::PublishDispatcherLatch();
+      billguard::MarkRunning(MyProcPid);
+    });
+    billguard::Dispatcher().Run();
+    billguard::ShutdownHttp();
+    return 0;
+  });
+  // Exit code 1 even after SIGTERM: the postmaster then restarts a dispatcher
+  // that was stopped alone, and does not during server shutdown.
+  proc_exit(1);
+}

@@ -1,0 +1,11 @@
+// The dispatcher background worker: claims due billing records in short
+// transactions, sends them to Stripe concurrently with no transaction open,
+// and records every answer in a transaction of its own.
+#pragma once
+
+namespace billguard {
+
+// Registers the worker; called from _PG_init while preloading.
+void RegisterDispatcher();
+
+}  // namespace billguard

@@ -1,0 +1,108 @@
+// One statement, one transaction, through SPI (see spi_transaction.hpp).
+#include "spi_transaction.hpp"
+
+#include "pg_boundary.hpp"
+
+extern "C" {
+#include "access/xact.h"
+#include "catalog/pg_type_d.h"
+#include "executor/spi.h"
+#include "pgstat.h"
+#include "utils/builtins.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+}
+
+namespace billguard {
+
+namespace {
+
+// Results copied out of SPI memory into `context`, which outlives the
+// transaction.
+struct CopiedResult {
+  uint64 rows = 0;
+  int columns = 0;
+  char** cells = nullptr;  // rows * columns, NULL for SQL NULL
+};
+
+MemoryContext ResultContext() {
+  static MemoryContext context = nullptr;
+  if (context == nullptr) {
+    context = AllocSetContextCreate(TopMemoryContext, "billguard statement results",
+                                    ALLOCSET_DEFAULT_SIZES);
+  }
+  return context;
+}
+
+// Plain PostgreSQL code: may ereport, owns no C++ objects.
+CopiedResult RunStatement(const char* sql, int nparams, Datum* values, const char* nulls) {
+  MemoryContext out = ResultContext();
+  SetCurrentStatementStartTimestamp();
+  StartTransactionCommand();
+  SPI_connect();
+  PushActiveSnapshot(GetTransactionSnapshot());
+  pgstat_report_activity(STATE_RUNNING, sql);
+
+  Oid* types = static_cast<Oid*>(palloc(sizeof(Oid) * (nparams > 0 ? nparams : 1)));
+  for (int i = 0; i < nparams; ++i) types[i] = TEXTOID;
+  int rc = SPI_execute_with_args(sql, nparams, types, values, nulls, false, 0);
+  if (rc < 0) elog(ERROR, "billguard: SPI_execute_with_args failed with %d", rc);
+
+  CopiedResult result;
+  if (SPI_tuptable != nullptr) {
+    result.rows = SPI_processed;
+    result.columns = SPI_tuptable->tupdesc->natts;
+    MemoryContext spi_context = MemoryContextSwitchTo(out);
+    result.cells = static_cast<char**>(
+        palloc0(sizeof(char*) * (result.rows * result.columns > 0 ? result.rows * result.columns : 1)));
+    for (uint64 r = 0; r < result.rows; ++r) {
+      for (int c = 0; c < result.columns; ++c) {
+        result.cells[r * result.columns + c] =
+            SPI_getvalue(SPI_tuptable->vals[r], SPI_tuptable->tupdesc, c + 1);
+      }
+    }
+    MemoryContextSwitchTo(spi_context);
+  }
+  SPI_finish();
+  PopActiveSnapshot();
+  CommitTransactionCommand();
+  pgstat_report_activity(STATE_IDLE, nullptr);
+  return result;
+}
+
+}  // namespace
+
+std::vector<SqlRow> ExecuteInTransaction(const char* sql, const std::vector<SqlValue>& params) {
+  const int nparams = static_cast<int>(params.size());
+  Datum* values = CallPostgres([&] {
+    MemoryContext previous = MemoryContextSwitchTo(ResultContext());
+    Datum* v = static_cast<Datum*>(palloc0(sizeof(Datum) * (nparams > 0 ? nparams : 1)));
+    for (int i = 0; i < nparams; ++i) {
+      if (params[i]) v[i] = PointerGetDatum(cstring_to_text_with_len(params[i]->data(), params[i]->size()));
+    }
+    MemoryContextSwitchTo(previous);
+    return v;
+  });
+  std::string nulls(static_cast<std::size_t>(nparams), ' ');
+  for (int i = 0; i < nparams; ++i) {
+    if (!params[i]) nulls[i] = 'n';
+  }
+
+  CopiedResult result = CallPostgres([&] { return RunStatement(sql, nparams, values, nulls.c_str()); });
+
+  std::vector<SqlRow> rows;
+  rows.reserve(result.rows);
+  for (uint64 r = 0; r < result.rows; ++r) {
+    SqlRow row;
+    row.reserve(result.columns);
+    for (int c = 0; c < result.columns; ++c) {
+      const char* cell = result.cells[r * result.columns + c];
+      row.push_back(cell ? SqlValue(cell) : std::nullopt);
+    }
+    rows.push_back(std::move(row));
+  }
+  CallPostgres([] { MemoryContextReset(ResultContext()); });
+  return rows;
+}
+
+}  // namespace billguard

@@ -1,0 +1,100 @@
+-- What operators see and do: the dispatcher's state, and deliberate
+-- requeueing or resolution of records that need a person.
+
+CREATE FUNCTION billguard.dispatcher_state(
+    OUT pid integer, OUT started_at timestamptz, OUT paused boolean, OUT pause_reason text,
+    OUT in_flight integer, OUT requests_sent bigint)
+  LANGUAGE c VOLATILE
+  AS 'MODULE_PATHNAME', 'billguard_dispatcher_state';
+
+CREATE VIEW billguard.dispatch_status AS
+SELECT coalesce(EXISTS (SELECT FROM pg_catalog.pg_stat_activity a
+                         WHERE a.pid = d.pid AND a.backend_type = 'billguard dispatcher'), false)
+         AS worker_running,
+       d.pid AS worker_pid,
+       d.started_at AS worker_started_at,
+       coalesce(d.paused, false) AS paused,
+       d.pause_reason,
+       coalesce(d.in_flight, 0) AS in_flight,
+       coalesce(d.requests_sent, 0) AS requests_sent,
+       (SELECT count(*) FROM billguard.billing_records r
+         WHERE r.status IN ('pending', 'dispatching', 'unknown') AND r.next_attempt_at <= now()) AS due,
+       (SELECT count(*) FROM billguard.billing_records r
+         WHERE r.status IN ('pending', 'dispatching', 'unknown')) AS outstanding,
+       (SELECT now() - min(r.created_at) FROM billguard.billing_records r
+         WHERE r.status IN ('pending', 'dispatching', 'unknown')) AS oldest_outstanding_age,
+       (SELECT count(*) FROM billguard.billing_records r
+         WHERE r.status = 'completed' AND r.completed_at > now() - interval '1 minute') AS completed_last_minute,
+       (SELECT count(*) FROM billguard.billing_records r
+         WHERE r.status IN ('failed', 'needs_review') AND r.updated_at > now() - interval '1 minute') AS failed_last_minute
+  FROM billguard.dispatcher_state() d;
+COMMENT ON VIEW billguard.dispatch_status IS
+  'The dispatcher: running or not, paused and why, requests in flight, the queue, recent outcomes.';
+
+-- Requeues a failed or needs_review record deliberately. It keeps its key
+-- and its first dispatch time, so a record older than the idempotency
+-- window is searched for at Stripe before anything is re-sent.
+CREATE FUNCTION billguard.retry_record(customer_id text, billing_period text)
+  RETURNS text
+  LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  rec billguard.billing_records;
+BEGIN
+  PERFORM billguard.check_billing_period(retry_record.billing_period);
+  SELECT * INTO rec FROM billguard.billing_records r
+   WHERE r.customer_id = retry_record.customer_id AND r.billing_period = retry_record.billing_period
+     FOR UPDATE;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'no billing record for % in %', quote_literal(left(retry_record.customer_id, 64)),
+                    retry_record.billing_period
+      USING ERRCODE = 'no_data_found';
+  END IF;
+  IF rec.status NOT IN ('failed', 'needs_review') THEN
+    RAISE EXCEPTION 'billing record %/% is %, only failed or needs_review records can be retried',
+                    rec.customer_id, rec.billing_period, rec.status
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  UPDATE billguard.billing_records r
+     SET status = 'pending', attempts = 0, next_attempt_at = now(), updated_at = now()
+   WHERE r.idempotency_key = rec.idempotency_key;
+  PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'RecordRequeued',
+    jsonb_build_object('previous_status', rec.status, 'last_error', rec.last_error,
+                       'by', session_user));
+  PERFORM billguard.wake_dispatcher();
+  RETURN 'pending';
+END $$;
+
+-- Marks a reviewed record completed with the charge a person found.
+CREATE FUNCTION billguard.resolve_record(customer_id text, billing_period text, charge_id text)
+  RETURNS text
+  LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  rec billguard.billing_records;
+BEGIN
+  PERFORM billguard.check_billing_period(resolve_record.billing_period);
+  IF resolve_record.charge_id IS NULL OR resolve_record.charge_id !~ '^(pi|ch)_[A-Za-z0-9_]+$' THEN
+    RAISE EXCEPTION 'charge_id must be a Stripe id (pi_... or ch_...)'
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  SELECT * INTO rec FROM billguard.billing_records r
+   WHERE r.customer_id = resolve_record.customer_id AND r.billing_period = resolve_record.billing_period
+     FOR UPDATE;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'no billing record for % in %', quote_literal(left(resolve_record.customer_id, 64)),
+                    resolve_record.billing_period
+      USING ERRCODE = 'no_data_found';
+  END IF;
+  IF rec.status NOT IN ('needs_review', 'failed', 'unknown') THEN
+    RAISE EXCEPTION 'billing record %/% is %, only needs_review, failed or unknown records can be resolved',
+                    rec.customer_id, rec.billing_period, rec.status
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  UPDATE billguard.billing_records r
+     SET status = 'completed', charge_id = resolve_record.charge_id, completed_at = now(),
+         updated_at = now()
+   WHERE r.idempotency_key = rec.idempotency_key;
+  PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'ReviewResolved',
+    jsonb_build_object('charge_id', resolve_record.charge_id, 'previous_status', rec.status,
+                       'by', session_user));
+  RETURN 'completed';
+END $$;
