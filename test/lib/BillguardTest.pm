@@ -11,7 +11,13 @@ use IPC::Run;
 use Test::More;
 use Exporter 'import';
 
-our @EXPORT = qw(billguard_node add_accounts start_gate release_gate race_psql finish_race);
+use lib "$ENV{BILLGUARD_ROOT}/test/emulator/lib";
+use StripeEmulatorHarness;
+use Time::HiRes qw(sleep time);
+
+our @EXPORT = qw(billguard_node add_accounts start_gate release_gate race_psql finish_race
+  start_emulator dispatch_node wait_until_settled dispatcher_pid wait_for_new_dispatcher
+  succeeded_charges charges_by_key record_of set_api_key);
 
 # A started node with billguard preloaded and created in database postgres.
 sub billguard_node {
@@ -26,6 +32,107 @@ sub billguard_node {
 	$node->start;
 	$node->safe_psql('postgres', 'CREATE EXTENSION billguard');
 	return $node;
+}
+
+# A Stripe emulator for this test, stopped by pid when the test ends.
+# Options are emulator flags without dashes: latency_ms => 50, idempotency_ttl => 3.
+sub start_emulator {
+	my (%flags) = @_;
+	my @args = map { ('--' . ($_ =~ s/_/-/gr), $flags{$_}) } sort keys %flags;
+	return StripeEmulatorHarness->start(args => \@args);
+}
+
+# Writes the API key file the dispatcher reads (a reload picks it up).
+sub set_api_key {
+	my ($node, $key) = @_;
+	my $file = $node->basedir . '/stripe.key';
+	open my $fh, '>', $file or die "cannot write $file: $!";
+	print $fh "$key\n";
+	close $fh;
+	chmod 0600, $file;
+	return $file;
+}
+
+# A started node whose dispatcher charges through $emulator, with the
+# extension created. @conf lines override the test defaults.
+sub dispatch_node {
+	my ($name, $emulator, @conf) = @_;
+	my $node = PostgreSQL::Test::Cluster->new($name);
+	$node->init;
+	my $key_file = set_api_key($node, $StripeEmulatorHarness::DEFAULT_API_KEY);
+	$node->append_conf('postgresql.conf', join("\n",
+		"shared_preload_libraries = 'billguard'",
+		"fsync = off",
+		"max_connections = 50",
+		"billguard.database = 'postgres'",
+		"billguard.api_base = '" . $emulator->url('') . "'",
+		"billguard.api_key_file = '$key_file'",
+		"billguard.max_requests_per_second = 2000",
+		"billguard.max_inflight = 32",
+		"billguard.poll_interval = '200ms'",
+		"billguard.request_timeout = '5s'",
+		@conf));
+	$node->start;
+	$node->safe_psql('postgres', 'CREATE EXTENSION billguard');
+	return $node;
+}
+
+# Waits until no record of the period is pending, dispatching or unknown.
+sub wait_until_settled {
+	my ($node, $period, $timeout) = @_;
+	$timeout //= 120;
+	my $deadline = time + $timeout;
+	while (time < $deadline) {
+		my $open = $node->safe_psql('postgres', qq{
+			SELECT count(*) FROM billguard.billing_records
+			 WHERE billing_period = '$period' AND status IN ('pending', 'dispatching', 'unknown')});
+		return 1 if $open eq '0';
+		sleep 0.1;
+	}
+	diag("records of $period still open after ${timeout}s: " . $node->safe_psql('postgres',
+		"SELECT string_agg(status || '=' || n, ', ') FROM (SELECT status, count(*) n FROM billguard.billing_records WHERE billing_period = '$period' GROUP BY 1) s"));
+	return 0;
+}
+
+# The running dispatcher's pid, or '' when none runs.
+sub dispatcher_pid {
+	my ($node) = @_;
+	return $node->safe_psql('postgres',
+		"SELECT coalesce(max(pid), 0) FROM pg_stat_activity WHERE backend_type = 'billguard dispatcher'") || '';
+}
+
+# Waits for a dispatcher other than $old_pid to run; returns its pid.
+sub wait_for_new_dispatcher {
+	my ($node, $old_pid, $timeout) = @_;
+	my $deadline = time + ($timeout // 30);
+	while (time < $deadline) {
+		my $pid = eval { dispatcher_pid($node) } // 0;
+		return $pid if $pid && $pid ne '0' && $pid ne ($old_pid // '');
+		sleep 0.1;
+	}
+	return 0;
+}
+
+# The emulator's successful charges (PaymentIntents succeeded, charges paid).
+sub succeeded_charges {
+	my ($emulator) = @_;
+	return [ grep { ($_->{status} // '') eq 'succeeded' } @{ $emulator->ledger } ];
+}
+
+# billguard_key => [ids of succeeded charges carrying it].
+sub charges_by_key {
+	my ($emulator) = @_;
+	my %by_key;
+	push @{ $by_key{ $_->{metadata}{billguard_key} // '' } }, $_->{id} for @{ succeeded_charges($emulator) };
+	return \%by_key;
+}
+
+# status|charge_id|attempts of one record.
+sub record_of {
+	my ($node, $customer, $period) = @_;
+	return $node->safe_psql('postgres', qq{
+		SELECT status || '|' || coalesce(charge_id, '') || '|' || attempts FROM billguard.billing_records
+		 WHERE customer_id = '$customer' AND billing_period = '$period'});
 }
 
 # Inserts $count active accounts cust_000001.. with stripe customers cus_...
