@@ -1,0 +1,567 @@
+-- 10_dispatch_queue.sql: the dispatch queue at the SQL level, no worker.
+--
+-- Proves:
+--  claim_due_records  claims only due rows (pending/unknown/dispatching with
+--      an expired lease, next_attempt_at <= now()), oldest first, at most
+--      max_rows; sets dispatching, attempts + 1, a lease, first_dispatched_at
+--      once (kept on re-claim); writes ChargeAttempted (attempt, action,
+--      key); action 'search' for unknown rows and for rows first dispatched
+--      longer ago than the idempotency window, else 'charge'; a row locked by
+--      another session is skipped without waiting (SKIP LOCKED, via dblink
+--      on a briefly committed row that is removed again).
+--  classify_stripe_response  its truth table.
+--  record_charge_response  200 -> completed + BillingCompleted (replayed
+--      flag); 2xx without an id -> needs_review; 402 -> failed, terminal;
+--      400 idempotency_error -> needs_review; 409/429 -> pending again with a
+--      backoff, never failed even past max_attempts; 503 -> retry, failed at
+--      max_attempts; 500 -> unknown, next_attempt_at = now() + settle delay;
+--      401/403 -> paused, pending, the attempt not counted; Stripe-Should-
+--      Retry overrides the status (not for 500: still unknown); a stale
+--      attempt -> 'stale' and nothing changes.
+--  record_transport_error  retry (pending, backoff), failed at max_attempts;
+--      stale.
+--  record_search_result  found (succeeded/processing/paid, matching key) ->
+--      completed + ChargeReconciled; not found -> 'charge' and the record
+--      keeps its attempt; error -> unknown with a backoff; 401 -> paused;
+--      stale.
+--  retry_record / resolve_record  allowed statuses, 22023 / P0002
+--      otherwise, events RecordRequeued / ReviewResolved.
+BEGIN;
+SELECT plan(164);
+
+-- Other suites' rows (if any) must not be claimed here.
+UPDATE billguard.billing_records SET next_attempt_at = 'infinity'
+ WHERE customer_id NOT LIKE 't10\_%' AND status IN ('pending', 'dispatching', 'unknown');
+
+INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method)
+SELECT 't10_' || n, 'cus_t10_' || n, 1000 + row_number() OVER (), CASE WHEN n = 'due2' THEN 'eur' ELSE 'usd' END,
+       CASE WHEN n = 'due2' THEN NULL ELSE 'pm_card_visa' END
+  FROM unnest(ARRAY[
+    'due1', 'due2', 'later', 'done', 'failed', 'review', 'blocked', 'unknown', 'old', 'expired', 'leased',
+    'spare',
+    'r200', 'r200b', 'r200noid', 'r402', 'r400', 'r409', 'r429', 'r503', 'r503last', 'r500', 'r401', 'r403',
+    'srtrue', 'srfalse', 'sr500false', 'r502html', 'stale',
+    'net', 'netlast', 'netstale',
+    'sfound', 'sproc', 'spaid', 'snone', 'sother', 'sdeclined', 'serr', 'shtml', 's401', 'sstale',
+    'rt_failed', 'rt_review', 'rt_pending', 'rt_completed', 'rt_unknown', 'rt_dispatching', 'rt_blocked',
+    'rs_review', 'rs_failed', 'rs_unknown', 'rs_pending', 'rs_completed', 'rs_dispatching', 'rs_blocked'
+  ]) AS n;
+DO $$ BEGIN
+  PERFORM billguard.bill_customer(customer_id, '2031-10') FROM billguard.accounts WHERE customer_id LIKE 't10\_%';
+END $$;
+UPDATE billguard.billing_records SET next_attempt_at = 'infinity' WHERE customer_id LIKE 't10\_%';
+
+-- Helpers (pg_temp: gone with the session).
+CREATE FUNCTION pg_temp.t10_r(c text) RETURNS billguard.billing_records LANGUAGE sql AS $$
+  SELECT * FROM billguard.billing_records r WHERE r.customer_id = 't10_' || c AND r.billing_period = '2031-10' $$;
+CREATE FUNCTION pg_temp.t10_key(c text) RETURNS text LANGUAGE sql AS $$
+  SELECT billguard.idempotency_key('t10_' || c, '2031-10') $$;
+CREATE FUNCTION pg_temp.t10_nevents(c text) RETURNS bigint LANGUAGE sql AS $$
+  SELECT count(*) FROM billguard.journal j WHERE j.persistence_id = 'billing-t10_' || c || '-2031-10' $$;
+CREATE FUNCTION pg_temp.t10_last_type(c text) RETURNS text LANGUAGE sql AS $$
+  SELECT j.event_type FROM billguard.journal j WHERE j.persistence_id = 'billing-t10_' || c || '-2031-10'
+   ORDER BY j.seq_nr DESC LIMIT 1 $$;
+CREATE FUNCTION pg_temp.t10_last(c text) RETURNS jsonb LANGUAGE sql AS $$
+  SELECT j.event FROM billguard.journal j WHERE j.persistence_id = 'billing-t10_' || c || '-2031-10'
+   ORDER BY j.seq_nr DESC LIMIT 1 $$;
+-- The state right after a claim of attempt n (claim_due_records itself is
+-- tested below): dispatching, attempts = n, leased.
+CREATE FUNCTION pg_temp.t10_dispatching(c text, n integer) RETURNS text LANGUAGE sql AS $$
+  UPDATE billguard.billing_records r
+     SET status = 'dispatching', attempts = n, first_dispatched_at = coalesce(r.first_dispatched_at, now()),
+         lease_expires_at = now() + interval '40 seconds', next_attempt_at = now() + interval '40 seconds'
+   WHERE r.customer_id = 't10_' || c AND r.billing_period = '2031-10'
+  RETURNING r.idempotency_key $$;
+CREATE FUNCTION pg_temp.t10_set(c text, new_status text) RETURNS void LANGUAGE sql AS $$
+  UPDATE billguard.billing_records r
+     SET status = new_status, charge_id = CASE WHEN new_status = 'completed' THEN 'pi_t10' || c END,
+         next_attempt_at = CASE WHEN new_status IN ('pending', 'dispatching', 'unknown') THEN 'infinity' ELSE r.next_attempt_at END,
+         last_error = CASE WHEN new_status IN ('failed', 'needs_review') THEN 'earlier error' END
+   WHERE r.customer_id = 't10_' || c AND r.billing_period = '2031-10' $$;
+-- Claims inside a subtransaction that is rolled back: which rows would be claimed.
+CREATE FUNCTION pg_temp.t10_claim_undone(n integer) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+  claimed text;
+BEGIN
+  BEGIN
+    SELECT string_agg(c.customer_id, ',' ORDER BY c.customer_id) INTO claimed
+      FROM billguard.claim_due_records(n, interval '30 seconds', interval '1 day') c;
+    RAISE EXCEPTION 't10 undo';
+  EXCEPTION WHEN raise_exception THEN
+    NULL;
+  END;
+  RETURN claimed;
+END $$;
+
+------------------------------------------------------------------------------
+-- claim_due_records
+UPDATE billguard.billing_records SET next_attempt_at = '1999-01-01' WHERE customer_id = 't10_due1';
+UPDATE billguard.billing_records SET next_attempt_at = '2000-01-01' WHERE customer_id = 't10_due2';
+UPDATE billguard.billing_records SET next_attempt_at = now() + interval '1 hour' WHERE customer_id = 't10_later';
+UPDATE billguard.billing_records SET status = 'completed', charge_id = 'pi_t10done', next_attempt_at = '2000-01-01'
+ WHERE customer_id = 't10_done';
+UPDATE billguard.billing_records SET status = 'failed', next_attempt_at = '2000-01-01' WHERE customer_id = 't10_failed';
+UPDATE billguard.billing_records SET status = 'needs_review', next_attempt_at = '2000-01-01' WHERE customer_id = 't10_review';
+UPDATE billguard.billing_records SET status = 'blocked', next_attempt_at = '2000-01-01' WHERE customer_id = 't10_blocked';
+UPDATE billguard.billing_records SET status = 'unknown', attempts = 1, first_dispatched_at = now() - interval '10 minutes',
+       next_attempt_at = '2000-01-01' WHERE customer_id = 't10_unknown';
+UPDATE billguard.billing_records SET attempts = 2, first_dispatched_at = now() - interval '2 days',
+       next_attempt_at = '2000-01-01' WHERE customer_id = 't10_old';
+UPDATE billguard.billing_records SET status = 'dispatching', attempts = 1, first_dispatched_at = now() - interval '5 minutes',
+       lease_expires_at = now() - interval '1 second', next_attempt_at = now() - interval '1 second'
+ WHERE customer_id = 't10_expired';
+UPDATE billguard.billing_records SET status = 'dispatching', attempts = 1, first_dispatched_at = now() - interval '5 minutes',
+       lease_expires_at = now() + interval '20 seconds', next_attempt_at = now() + interval '20 seconds'
+ WHERE customer_id = 't10_leased';
+
+CREATE TEMP TABLE t10_c1 AS SELECT * FROM billguard.claim_due_records(1, interval '30 seconds', interval '1 day');
+SELECT results_eq($$SELECT customer_id, attempt, action FROM t10_c1$$,
+                  $$VALUES ('t10_due1', 1, 'charge')$$,
+                  'claim (max_rows 1): the most overdue row, attempt 1, action charge');
+
+CREATE TEMP TABLE t10_c2 AS SELECT * FROM billguard.claim_due_records(100, interval '30 seconds', interval '1 day');
+SELECT results_eq($$SELECT customer_id, attempt, action FROM t10_c2 ORDER BY customer_id$$,
+                  $$VALUES ('t10_due2', 1, 'charge'), ('t10_expired', 2, 'charge'), ('t10_old', 3, 'search'),
+                           ('t10_unknown', 2, 'search')$$,
+                  'claim: exactly the due rows (pending, unknown, expired lease); search for unknown and for a first dispatch older than the window');
+SELECT results_eq($$SELECT idempotency_key, billing_period, amount_cents, currency, stripe_customer, payment_method
+                      FROM t10_c2 WHERE customer_id = 't10_due2'$$,
+                  $$SELECT pg_temp.t10_key('due2'), '2031-10', (SELECT amount_cents FROM billguard.accounts WHERE customer_id = 't10_due2'),
+                           'eur', 'cus_t10_due2', NULL::text$$,
+                  'claim returns the stored key, period, amount, currency, payee and payment method');
+SELECT results_eq($$SELECT customer_id, status, attempts, lease_expires_at, next_attempt_at
+                      FROM billguard.billing_records WHERE customer_id IN ('t10_due1', 't10_due2', 't10_expired', 't10_old', 't10_unknown')
+                     ORDER BY customer_id$$,
+                  $$VALUES ('t10_due1', 'dispatching', 1, now() + interval '30 seconds', now() + interval '30 seconds'),
+                           ('t10_due2', 'dispatching', 1, now() + interval '30 seconds', now() + interval '30 seconds'),
+                           ('t10_expired', 'dispatching', 2, now() + interval '30 seconds', now() + interval '30 seconds'),
+                           ('t10_old', 'dispatching', 3, now() + interval '30 seconds', now() + interval '30 seconds'),
+                           ('t10_unknown', 'dispatching', 2, now() + interval '30 seconds', now() + interval '30 seconds')$$,
+                  'claimed rows: dispatching, attempts + 1, leased until now() + lease, due again when the lease expires');
+SELECT results_eq($$SELECT customer_id, first_dispatched_at FROM billguard.billing_records
+                     WHERE customer_id IN ('t10_due1', 't10_due2', 't10_expired', 't10_old', 't10_unknown') ORDER BY customer_id$$,
+                  $$VALUES ('t10_due1', now()), ('t10_due2', now()), ('t10_expired', now() - interval '5 minutes'),
+                           ('t10_old', now() - interval '2 days'), ('t10_unknown', now() - interval '10 minutes')$$,
+                  'first_dispatched_at is set on the first claim and kept on later ones');
+SELECT results_eq($$SELECT customer_id, status, attempts FROM billguard.billing_records
+                     WHERE customer_id IN ('t10_later', 't10_done', 't10_failed', 't10_review', 't10_blocked', 't10_leased')
+                     ORDER BY customer_id$$,
+                  $$VALUES ('t10_blocked', 'blocked', 0), ('t10_done', 'completed', 0), ('t10_failed', 'failed', 0),
+                           ('t10_later', 'pending', 0), ('t10_leased', 'dispatching', 1), ('t10_review', 'needs_review', 0)$$,
+                  'not claimed: not yet due, completed, failed, needs_review, blocked, a live lease');
+SELECT is((SELECT count(*) FROM billguard.journal WHERE event_type = 'ChargeAttempted'
+            AND customer_id IN ('t10_later', 't10_done', 't10_failed', 't10_review', 't10_blocked', 't10_leased')),
+          0::bigint, 'no ChargeAttempted for rows not claimed');
+SELECT results_eq($$SELECT customer_id, seq_nr, (event ->> 'attempt')::int, event ->> 'action', event ->> 'idempotency_key',
+                           (event ->> 'at')::timestamptz
+                      FROM billguard.journal WHERE event_type = 'ChargeAttempted' AND customer_id LIKE 't10\_%'
+                     ORDER BY customer_id$$,
+                  $$VALUES ('t10_due1', 2::bigint, 1, 'charge', pg_temp.t10_key('due1'), now()),
+                           ('t10_due2', 2::bigint, 1, 'charge', pg_temp.t10_key('due2'), now()),
+                           ('t10_expired', 2::bigint, 2, 'charge', pg_temp.t10_key('expired'), now()),
+                           ('t10_old', 2::bigint, 3, 'search', pg_temp.t10_key('old'), now()),
+                           ('t10_unknown', 2::bigint, 2, 'search', pg_temp.t10_key('unknown'), now())$$,
+                  'one ChargeAttempted per claim: attempt, action, the stored key, at');
+SELECT is((SELECT count(*) FROM billguard.claim_due_records(100, interval '30 seconds', interval '1 day')), 0::bigint,
+          'claiming again at once: nothing is due (leases)');
+
+-- Re-claim after the lease expired: attempts 2, first_dispatched_at kept.
+UPDATE billguard.billing_records SET next_attempt_at = now() - interval '1 second',
+       first_dispatched_at = now() - interval '1 hour' WHERE customer_id = 't10_due1';
+SELECT results_eq($$SELECT customer_id, attempt, action FROM billguard.claim_due_records(100, interval '30 seconds', interval '1 day')$$,
+                  $$VALUES ('t10_due1', 2, 'charge')$$, 're-claim after the lease: attempt 2, still a charge inside the window');
+SELECT is((pg_temp.t10_r('due1')).first_dispatched_at, now() - interval '1 hour', 're-claim keeps first_dispatched_at');
+SELECT is((SELECT (event ->> 'attempt')::int FROM billguard.journal WHERE persistence_id = 'billing-t10_due1-2031-10' AND seq_nr = 3),
+          2, 're-claim writes ChargeAttempted attempt 2 at seq_nr 3');
+UPDATE billguard.billing_records SET next_attempt_at = now() - interval '1 second' WHERE customer_id = 't10_due1';
+SELECT results_eq($$SELECT customer_id, attempt, action FROM billguard.claim_due_records(100, interval '30 seconds', interval '30 minutes')$$,
+                  $$VALUES ('t10_due1', 3, 'search')$$,
+                  'first dispatched 1 hour ago, window 30 minutes: search first');
+
+------------------------------------------------------------------------------
+-- SKIP LOCKED: a row committed by another session and locked by a third is
+-- skipped, not waited for. The row is committed for this check only and
+-- removed again (its table refuses DELETE; replica mode skips that trigger).
+CREATE EXTENSION IF NOT EXISTS dblink;
+SELECT is(dblink_connect('t10_locker', format('host=%s port=%s dbname=%s user=%s',
+            coalesce(nullif(split_part(current_setting('unix_socket_directories'), ',', 1), ''), '127.0.0.1'),
+            current_setting('port'), current_database(), current_user)),
+          'OK', 'SKIP LOCKED: a second session connects (dblink)');
+SELECT is(dblink_exec('t10_locker', $$SET session_replication_role = replica$$), 'SET', '(replica mode for the clean-up)');
+SELECT is(dblink_exec('t10_locker', $$DELETE FROM billguard.billing_records WHERE customer_id = 't10_skiplocked'$$), 'DELETE 0',
+          '(no row left over from an earlier run)');
+SELECT is(dblink_exec('t10_locker', $$INSERT INTO billguard.billing_records
+            (customer_id, billing_period, idempotency_key, amount_cents, currency, stripe_customer, next_attempt_at)
+            VALUES ('t10_skiplocked', '2031-10', billguard.idempotency_key('t10_skiplocked', '2031-10'), 100, 'usd',
+                    'cus_t10_skiplocked', '1990-01-01')$$),
+          'INSERT 0 1', 'SKIP LOCKED: a pending row, the most overdue, is committed');
+UPDATE billguard.billing_records SET next_attempt_at = '1995-01-01' WHERE customer_id = 't10_spare';
+SELECT is(pg_temp.t10_claim_undone(1), 't10_skiplocked', 'SKIP LOCKED: unlocked, it is the row a claim of 1 takes');
+SELECT is(dblink_exec('t10_locker', 'BEGIN'), 'BEGIN', 'SKIP LOCKED: the second session begins');
+SELECT is((SELECT c FROM dblink('t10_locker', $$SELECT customer_id FROM billguard.billing_records
+                                               WHERE customer_id = 't10_skiplocked' FOR UPDATE$$) AS t(c text)),
+          't10_skiplocked', 'SKIP LOCKED: the second session locks the row');
+SET LOCAL statement_timeout = '5s';
+CREATE TEMP TABLE t10_skip AS SELECT * FROM billguard.claim_due_records(1, interval '30 seconds', interval '1 day');
+RESET statement_timeout;
+SELECT results_eq($$SELECT customer_id FROM t10_skip$$, $$VALUES ('t10_spare')$$,
+                  'SKIP LOCKED: the claim skips the locked row at once and takes the next due one');
+SELECT results_eq($$SELECT status, attempts FROM billguard.billing_records WHERE customer_id = 't10_skiplocked'$$,
+                  $$VALUES ('pending', 0)$$, 'SKIP LOCKED: the locked row is untouched');
+SELECT is(dblink_exec('t10_locker', 'ROLLBACK'), 'ROLLBACK', 'SKIP LOCKED: the second session lets go');
+SELECT is(dblink_exec('t10_locker', $$DELETE FROM billguard.billing_records WHERE customer_id = 't10_skiplocked'$$), 'DELETE 1',
+          '(the committed row is removed again)');
+SELECT is(dblink_disconnect('t10_locker'), 'OK', '(the second session disconnects)');
+
+------------------------------------------------------------------------------
+-- classify_stripe_response
+CREATE TEMP TABLE t10_classify (n serial, http_status int, should_retry boolean, error_type text, error_code text, expected text);
+INSERT INTO t10_classify (http_status, should_retry, error_type, error_code, expected) VALUES
+  (200, NULL, NULL, NULL, 'completed'),
+  (201, NULL, NULL, NULL, 'completed'),
+  (200, false, NULL, NULL, 'completed'),
+  (401, NULL, 'invalid_request_error', NULL, 'paused'),
+  (403, NULL, 'invalid_request_error', NULL, 'paused'),
+  (401, true, 'invalid_request_error', NULL, 'paused'),
+  (400, NULL, 'idempotency_error', NULL, 'needs_review'),
+  (400, true, 'idempotency_error', NULL, 'needs_review'),
+  (409, NULL, 'idempotency_error', 'idempotency_key_in_use', 'retry'),
+  (409, false, 'idempotency_error', 'idempotency_key_in_use', 'failed'),
+  (429, NULL, 'rate_limit_error', 'rate_limit', 'retry'),
+  (429, false, 'rate_limit_error', 'rate_limit', 'failed'),
+  (500, NULL, 'api_error', NULL, 'unknown'),
+  (500, true, 'api_error', NULL, 'retry'),
+  (500, false, 'api_error', NULL, 'unknown'),
+  (502, NULL, 'api_error', NULL, 'retry'),
+  (503, NULL, 'api_error', NULL, 'retry'),
+  (504, NULL, NULL, NULL, 'retry'),
+  (503, false, 'api_error', NULL, 'failed'),
+  (599, NULL, NULL, NULL, 'retry'),
+  (402, NULL, 'card_error', 'card_declined', 'failed'),
+  (402, true, 'card_error', 'card_declined', 'retry'),
+  (400, NULL, 'invalid_request_error', 'parameter_missing', 'failed'),
+  (404, NULL, 'invalid_request_error', 'resource_missing', 'failed'),
+  (400, false, 'invalid_request_error', NULL, 'failed'),
+  (400, true, 'invalid_request_error', NULL, 'retry');
+SELECT is(billguard.classify_stripe_response(http_status, should_retry, error_type, error_code), expected,
+          format('classify %s should_retry=%s %s/%s -> %s', http_status, coalesce(should_retry::text, '-'),
+                 coalesce(error_type, '-'), coalesce(error_code, '-'), expected))
+  FROM t10_classify ORDER BY n;
+
+------------------------------------------------------------------------------
+-- record_charge_response(key, attempt, status, body, should_retry, replayed, max_attempts, settle_delay)
+
+-- 200, replayed
+SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('r200', 2), 2, 200,
+            '{"id":"pi_t10r200","object":"payment_intent","status":"succeeded"}', NULL, true, 10, interval '2 minutes'),
+          'completed', '200: completed');
+SELECT results_eq($$SELECT status, charge_id, completed_at, lease_expires_at, last_error, attempts FROM pg_temp.t10_r('r200')$$,
+                  $$VALUES ('completed', 'pi_t10r200', now(), NULL::timestamptz, NULL::text, 2)$$,
+                  '200: the record is completed with the id, now, no lease, no error');
+SELECT is(pg_temp.t10_last_type('r200'), 'BillingCompleted', '200: BillingCompleted');
+SELECT is(pg_temp.t10_last('r200'), '{"charge_id": "pi_t10r200", "replayed": true, "http_status": 200, "attempt": 2}'::jsonb,
+          '200: BillingCompleted carries charge_id, replayed = true, http_status, attempt');
+SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('r200b', 1), 1, 200,
+            '{"id":"pi_t10r200b","status":"succeeded"}', 'false', NULL, 10, interval '2 minutes'),
+          'completed', '200 with Stripe-Should-Retry false, replayed NULL: completed');
+SELECT is(pg_temp.t10_last('r200b') -> 'replayed', 'false'::jsonb, '200: replayed = false when not replayed');
+
+-- 2xx without an id
+SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('r200noid', 1), 1, 200, '{"object":"payment_intent"}',
+            NULL, false, 10, interval '2 minutes'),
+          'needs_review', '200 without an id: needs_review');
+SELECT results_eq($$SELECT status, charge_id FROM pg_temp.t10_r('r200noid')$$, $$VALUES ('needs_review', NULL::text)$$,
+                  '200 without an id: needs_review, no charge id');
+SELECT is(pg_temp.t10_last_type('r200noid'), 'NeedsReview', '200 without an id: NeedsReview event');
+
+-- 402
+SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('r402', 1), 1, 402,
+            '{"error":{"type":"card_error","code":"card_declined","decline_code":"generic_decline","message":"Your card was declined."}}',
+            NULL, false, 10, interval '2 minutes'),
+          'failed', '402: failed');
+SELECT results_eq($$SELECT status, charge_id, last_error, lease_expires_at FROM pg_temp.t10_r('r402')$$,
+                  $$VALUES ('failed', NULL::text, '402 card_error/card_declined: Your card was declined.', NULL::timestamptz)$$,
+                  '402: failed with last_error "402 card_error/card_declined: ..."');
+SELECT is(pg_temp.t10_last_type('r402'), 'BillingFailed', '402: BillingFailed');
+SELECT is(pg_temp.t10_last('r402'),
+          '{"http_status": 402, "type": "card_error", "code": "card_declined", "decline_code": "generic_decline",
+            "message": "Your card was declined.", "attempt": 1, "terminal": true}'::jsonb,
+          '402: BillingFailed terminal, with the Stripe error');
+
+-- 400 idempotency_error
+SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('r400', 1), 1, 400,
+            '{"error":{"type":"idempotency_error","message":"Keys for idempotent requests can only be used with the same parameters they were first used with."}}',
+            NULL, false, 10, interval '2 minutes'),
+          'needs_review', '400 idempotency_error: needs_review');
+SELECT results_eq($$SELECT status, lease_expires_at, last_error LIKE '400 idempotency_error: Keys for idempotent%' FROM pg_temp.t10_r('r400')$$,
+                  $$VALUES ('needs_review', NULL::timestamptz, true)$$, '400 idempotency_error: needs_review, last_error');
+SELECT is(pg_temp.t10_last_type('r400'), 'NeedsReview', '400 idempotency_error: NeedsReview event');
+SELECT is(pg_temp.t10_last('r400') ->> 'type', 'idempotency_error', '400 idempotency_error: the event names the type');
+
+-- 409 and 429 past max_attempts: retried, never failed
+SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('r409', 10), 10, 409,
+            '{"error":{"type":"idempotency_error","code":"idempotency_key_in_use","message":"in use"}}',
+            NULL, false, 3, interval '2 minutes'),
+          'retry', '409 in_use at attempt 10 of max 3: retry');
+SELECT results_eq($$SELECT status, lease_expires_at, next_attempt_at BETWEEN now() + interval '30 seconds' AND now() + interval '60 seconds'
+                      FROM pg_temp.t10_r('r409')$$,
+                  $$VALUES ('pending', NULL::timestamptz, true)$$,
+                  '409: pending again, next attempt in the future (backoff capped at 60 s, jitter from 50%)');
+SELECT is(pg_temp.t10_last('r409') - 'message',
+          '{"http_status": 409, "type": "idempotency_error", "code": "idempotency_key_in_use", "attempt": 10, "terminal": false}'::jsonb,
+          '409: BillingFailed, not terminal');
+SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('r429', 5), 5, 429,
+            '{"error":{"type":"rate_limit_error","code":"rate_limit","message":"Too many requests"}}',
+            NULL, false, 3, interval '2 minutes'),
+          'retry', '429 at attempt 5 of max 3: retry');
+SELECT results_eq($$SELECT status, next_attempt_at > now(), last_error FROM pg_temp.t10_r('r429')$$,
+                  $$VALUES ('pending', true, '429 rate_limit_error/rate_limit: Too many requests')$$,
+                  '429: pending again, next attempt in the future, last_error');
+SELECT is((pg_temp.t10_last('r429') ->> 'terminal')::boolean, false, '429: BillingFailed, not terminal');
+
+-- 503: retry, then failed at max_attempts
+SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('r503', 1), 1, 503,
+            '{"error":{"type":"api_error","message":"unavailable"}}', NULL, false, 3, interval '2 minutes'),
+          'retry', '503 at attempt 1 of 3: retry');
+SELECT results_eq($$SELECT status, next_attempt_at BETWEEN now() + interval '0.25 seconds' AND now() + interval '0.5 seconds'
+                      FROM pg_temp.t10_r('r503')$$,
+                  $$VALUES ('pending', true)$$, '503: pending, first backoff 0.25..0.5 s');
+SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('r503last', 3), 3, 503,
+            '{"error":{"type":"api_error","message":"unavailable"}}', NULL, false, 3, interval '2 minutes'),
+          'failed', '503 at attempt 3 of 3: failed');
+SELECT is((pg_temp.t10_r('r503last')).status, 'failed', '503 at max_attempts: the record is failed');
+SELECT is((pg_temp.t10_last('r503last') ->> 'terminal')::boolean, true, '503 at max_attempts: BillingFailed terminal');
+
+-- 500: unknown, searched after the settle delay
+SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('r500', 1), 1, 500,
+            '{"error":{"type":"api_error","message":"An unknown error occurred"}}', NULL, false, 10, interval '7 minutes'),
+          'unknown', '500: unknown');
+SELECT results_eq($$SELECT status, next_attempt_at, lease_expires_at, charge_id, last_error FROM pg_temp.t10_r('r500')$$,
+                  $$VALUES ('unknown', now() + interval '7 minutes', NULL::timestamptz, NULL::text,
+                            '500 api_error: An unknown error occurred')$$,
+                  '500: unknown, next_attempt_at = now() + settle delay, no charge id');
+SELECT is(pg_temp.t10_last_type('r500'), 'ChargeUnknown', '500: ChargeUnknown event');
+SELECT is(pg_temp.t10_last('r500') ->> 'http_status', '500', '500: the event has http_status 500');
+SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('sr500false', 10), 10, 500,
+            '{"error":{"type":"api_error"}}', 'false', false, 3, interval '7 minutes'),
+          'unknown', '500 with Stripe-Should-Retry false, past max_attempts: still unknown, never failed');
+
+-- 401 / 403: paused, the attempt is not counted
+SELECT is(pg_temp.t10_nevents('r401'), 1::bigint, '(401: only BillingInitiated so far)');
+SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('r401', 4), 4, 401,
+            '{"error":{"type":"invalid_request_error","message":"Invalid API Key provided: sk_test_****"}}', NULL, false, 3,
+            interval '2 minutes'),
+          'paused', '401: paused');
+SELECT results_eq($$SELECT status, attempts, next_attempt_at, lease_expires_at, last_error FROM pg_temp.t10_r('r401')$$,
+                  $$VALUES ('pending', 3, now(), NULL::timestamptz, NULL::text)$$,
+                  '401: pending, due now, the attempt not counted, no error recorded');
+SELECT is(pg_temp.t10_nevents('r401'), 1::bigint, '401: no event');
+SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('r403', 1), 1, 403, '{"error":{"type":"invalid_request_error"}}',
+            'false', false, 3, interval '2 minutes'),
+          'paused', '403 (even with Should-Retry false): paused');
+SELECT results_eq($$SELECT status, attempts FROM pg_temp.t10_r('r403')$$, $$VALUES ('pending', 0)$$, '403: pending, attempts back to 0');
+
+-- Stripe-Should-Retry overrides the status
+SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('srtrue', 1), 1, 402,
+            '{"error":{"type":"card_error","code":"processing_error","message":"try again"}}', 'True', false, 10, interval '2 minutes'),
+          'retry', '402 with Stripe-Should-Retry: True (any case): retry');
+SELECT is((pg_temp.t10_r('srtrue')).status, 'pending', 'Should-Retry true: pending');
+SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('srfalse', 1), 1, 503,
+            '{"error":{"type":"api_error","message":"no"}}', 'false', false, 10, interval '2 minutes'),
+          'failed', '503 with Stripe-Should-Retry: false: failed');
+SELECT is((pg_temp.t10_r('srfalse')).status, 'failed', 'Should-Retry false: failed');
+
+-- A body that is not JSON
+SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('r502html', 1), 1, 502,
+            '<html>Bad gateway</html>', NULL, false, 10, interval '2 minutes'),
+          'retry', '502 with an HTML body: retry');
+SELECT is((pg_temp.t10_r('r502html')).last_error, '502', '502 with an HTML body: last_error "502"');
+
+-- Stale attempts change nothing
+CREATE TEMP TABLE t10_stale_key AS SELECT pg_temp.t10_dispatching('stale', 3) AS key;
+CREATE TEMP TABLE t10_stale_before AS SELECT * FROM pg_temp.t10_r('stale');
+SELECT is(billguard.record_charge_response(pg_temp.t10_key('stale'), 2, 200, '{"id":"pi_t10stale"}', NULL, false, 10,
+            interval '2 minutes'),
+          'stale', 'record_charge_response for attempt 2 of a record at attempt 3: stale');
+SELECT is(billguard.record_charge_response(pg_temp.t10_key('stale'), 4, 402, '{"error":{"type":"card_error"}}', NULL, false, 10,
+            interval '2 minutes'),
+          'stale', 'record_charge_response for a later attempt number: stale');
+SELECT is(billguard.record_charge_response(pg_temp.t10_key('r200'), 2, 500, '{"error":{"type":"api_error"}}', NULL, false, 10,
+            interval '2 minutes'),
+          'stale', 'record_charge_response for a completed record (its attempt): stale');
+SELECT is(billguard.record_transport_error(pg_temp.t10_key('stale'), 2, 'timeout', 10), 'stale',
+          'record_transport_error for a stale attempt: stale');
+SELECT is(billguard.record_search_result(pg_temp.t10_key('stale'), 2, 200, '{"data":[]}'), 'stale',
+          'record_search_result for a stale attempt: stale');
+SELECT is(billguard.record_charge_response('0123456789abcdef0123456789abcdef', 1, 200, '{"id":"pi_x"}', NULL, false, 10,
+            interval '2 minutes'),
+          'stale', 'record_charge_response for a key without a record: stale');
+SELECT results_eq($$SELECT to_jsonb(r) FROM pg_temp.t10_r('stale') r$$, $$SELECT to_jsonb(b) FROM t10_stale_before b$$,
+                  'stale answers: the record is unchanged');
+SELECT is(pg_temp.t10_nevents('stale'), 1::bigint, 'stale answers: no event');
+SELECT results_eq($$SELECT status, charge_id FROM pg_temp.t10_r('r200')$$, $$VALUES ('completed', 'pi_t10r200')$$,
+                  'stale answer to a completed record: still completed with its id');
+
+------------------------------------------------------------------------------
+-- record_transport_error(key, attempt, message, max_attempts)
+SELECT is(billguard.record_transport_error(pg_temp.t10_dispatching('net', 1), 1, 'Operation timed out after 30000 milliseconds', 3),
+          'retry', 'transport error at attempt 1 of 3: retry');
+SELECT results_eq($$SELECT status, next_attempt_at > now(), lease_expires_at, last_error FROM pg_temp.t10_r('net')$$,
+                  $$VALUES ('pending', true, NULL::timestamptz, 'network: Operation timed out after 30000 milliseconds')$$,
+                  'transport error: pending, backoff, last_error "network: ..."');
+SELECT is(pg_temp.t10_last('net'),
+          '{"type": "network", "message": "Operation timed out after 30000 milliseconds", "attempt": 1, "terminal": false}'::jsonb,
+          'transport error: BillingFailed type network, not terminal');
+SELECT is(billguard.record_transport_error(pg_temp.t10_dispatching('netlast', 3), 3, 'Connection refused', 3),
+          'failed', 'transport error at attempt 3 of 3: failed');
+SELECT results_eq($$SELECT status, last_error FROM pg_temp.t10_r('netlast')$$,
+                  $$VALUES ('failed', 'network: Connection refused (outcome unknown: reconcile before retrying)')$$,
+                  'transport error at max_attempts: failed, last_error says the outcome is unknown');
+SELECT is((pg_temp.t10_last('netlast') ->> 'terminal')::boolean, true, 'transport error at max_attempts: terminal');
+
+------------------------------------------------------------------------------
+-- record_search_result(key, attempt, status, body)
+SELECT is(billguard.record_search_result(pg_temp.t10_dispatching('sfound', 2), 2, 200,
+            format('{"object":"search_result","data":[{"id":"pi_t10other","status":"succeeded","metadata":{"billguard_key":"%s"}},
+                     {"id":"pi_t10found","status":"succeeded","metadata":{"billguard_key":"%s"}}]}',
+                   pg_temp.t10_key('other'), pg_temp.t10_key('sfound'))),
+          'completed', 'search found (succeeded, matching key): completed');
+SELECT results_eq($$SELECT status, charge_id, completed_at, lease_expires_at FROM pg_temp.t10_r('sfound')$$,
+                  $$VALUES ('completed', 'pi_t10found', now(), NULL::timestamptz)$$,
+                  'search found: completed with the id of the object carrying our key');
+SELECT is(pg_temp.t10_last_type('sfound'), 'ChargeReconciled', 'search found: ChargeReconciled');
+SELECT is(pg_temp.t10_last('sfound'), '{"charge_id": "pi_t10found", "via": "search", "attempt": 2}'::jsonb,
+          'ChargeReconciled: charge_id, via search, attempt');
+SELECT is(billguard.record_search_result(pg_temp.t10_dispatching('sproc', 1), 1, 200,
+            format('{"data":[{"id":"pi_t10proc","status":"processing","metadata":{"billguard_key":"%s"}}]}', pg_temp.t10_key('sproc'))),
+          'completed', 'search found a processing PaymentIntent: completed');
+SELECT is(billguard.record_search_result(pg_temp.t10_dispatching('spaid', 1), 1, 200,
+            format('{"data":[{"id":"ch_t10paid","object":"charge","paid":true,"status":"succeeded","metadata":{"billguard_key":"%s"}}]}',
+                   pg_temp.t10_key('spaid'))),
+          'completed', 'search found a paid charge: completed');
+SELECT is((pg_temp.t10_r('spaid')).charge_id, 'ch_t10paid', 'search found a paid charge: its ch_ id');
+
+SELECT is(billguard.record_search_result(pg_temp.t10_dispatching('snone', 3), 3, 200, '{"object":"search_result","data":[]}'),
+          'charge', 'search found nothing: charge');
+SELECT results_eq($$SELECT status, attempts, lease_expires_at FROM pg_temp.t10_r('snone')$$,
+                  $$VALUES ('dispatching', 3, now() + interval '40 seconds')$$,
+                  'search found nothing: the record keeps its attempt and lease (the charge is sent next, same key)');
+SELECT is(pg_temp.t10_nevents('snone'), 1::bigint, 'search found nothing: no event');
+SELECT is(billguard.record_search_result(pg_temp.t10_dispatching('sother', 1), 1, 200,
+            format('{"data":[{"id":"pi_t10x","status":"succeeded","metadata":{"billguard_key":"%s"}}]}', pg_temp.t10_key('other'))),
+          'charge', 'search found only another key''s object: charge');
+SELECT is(billguard.record_search_result(pg_temp.t10_dispatching('sdeclined', 1), 1, 200,
+            format('{"data":[{"id":"pi_t10d","status":"requires_payment_method","metadata":{"billguard_key":"%s"}}]}',
+                   pg_temp.t10_key('sdeclined'))),
+          'charge', 'search found only a declined PaymentIntent with our key: charge (nothing was charged)');
+
+SELECT is(billguard.record_search_result(pg_temp.t10_dispatching('serr', 2), 2, 500, '{"error":{"type":"api_error"}}'),
+          'retry', 'search answered 500: retry');
+SELECT results_eq($$SELECT status, next_attempt_at > now(), lease_expires_at, last_error FROM pg_temp.t10_r('serr')$$,
+                  $$VALUES ('unknown', true, NULL::timestamptz, 'search failed with HTTP 500')$$,
+                  'search error: unknown, backoff, last_error');
+SELECT is(billguard.record_search_result(pg_temp.t10_dispatching('shtml', 1), 1, 200, '<html>oops</html>'),
+          'retry', 'search answered 200 without a JSON list: retry');
+SELECT is((pg_temp.t10_r('shtml')).status, 'unknown', 'search without a JSON list: unknown');
+SELECT is(billguard.record_search_result(pg_temp.t10_dispatching('s401', 2), 2, 401, '{"error":{"type":"invalid_request_error"}}'),
+          'paused', 'search answered 401: paused');
+SELECT results_eq($$SELECT status, attempts, next_attempt_at FROM pg_temp.t10_r('s401')$$,
+                  $$VALUES ('unknown', 1, now())$$, 'search 401: unknown again, due now, the attempt not counted');
+
+------------------------------------------------------------------------------
+-- retry_record(customer, period)
+DO $$ BEGIN PERFORM pg_temp.t10_set(c, s) FROM (VALUES ('rt_failed', 'failed'), ('rt_review', 'needs_review'), ('rt_completed', 'completed'),
+                                          ('rt_unknown', 'unknown'), ('rt_dispatching', 'dispatching'), ('rt_blocked', 'blocked'),
+                                          ('rs_review', 'needs_review'), ('rs_failed', 'failed'), ('rs_unknown', 'unknown'),
+                                          ('rs_completed', 'completed'), ('rs_dispatching', 'dispatching'), ('rs_blocked', 'blocked')) v(c, s); END $$;
+UPDATE billguard.billing_records SET attempts = 7, first_dispatched_at = now() - interval '3 days'
+ WHERE customer_id IN ('t10_rt_failed', 't10_rt_review');
+
+SELECT is(billguard.retry_record('t10_rt_failed', '2031-10'), 'pending', 'retry_record of a failed record: pending');
+SELECT results_eq($$SELECT status, attempts, next_attempt_at, first_dispatched_at FROM pg_temp.t10_r('rt_failed')$$,
+                  $$VALUES ('pending', 0, now(), now() - interval '3 days')$$,
+                  'retry_record: pending, attempts 0, due now, first_dispatched_at kept (so an old one is searched first)');
+SELECT is(pg_temp.t10_last_type('rt_failed'), 'RecordRequeued', 'retry_record: RecordRequeued event');
+SELECT is(pg_temp.t10_last('rt_failed') - 'by', '{"previous_status": "failed", "last_error": "earlier error"}'::jsonb,
+          'RecordRequeued: previous status and last error');
+SELECT is(pg_temp.t10_last('rt_failed') ->> 'by', session_user::text, 'RecordRequeued: by session_user');
+SELECT is(billguard.retry_record('t10_rt_review', '2031-10'), 'pending', 'retry_record of a needs_review record: pending');
+SELECT is((pg_temp.t10_r('rt_review')).status, 'pending', 'retry_record of needs_review: pending');
+SELECT results_eq($$SELECT customer_id, attempt, action FROM billguard.claim_due_records(100, interval '30 seconds', interval '1 day')
+                    WHERE customer_id LIKE 't10\_rt\_%' ORDER BY customer_id$$,
+                  $$VALUES ('t10_rt_failed', 1, 'search'), ('t10_rt_review', 1, 'search')$$,
+                  'requeued records first dispatched 3 days ago are searched for first');
+SELECT throws_ok($$SELECT billguard.retry_record('t10_rt_pending', '2031-10')$$, '22023', NULL,
+                 'retry_record of a pending record: 22023');
+SELECT throws_ok($$SELECT billguard.retry_record('t10_rt_completed', '2031-10')$$, '22023',
+                 'billing record t10_rt_completed/2031-10 is completed, only failed or needs_review records can be retried',
+                 'retry_record of a completed record: 22023 with the status in the message');
+SELECT throws_ok($$SELECT billguard.retry_record('t10_rt_unknown', '2031-10')$$, '22023', NULL,
+                 'retry_record of an unknown record: 22023');
+SELECT throws_ok($$SELECT billguard.retry_record('t10_rt_dispatching', '2031-10')$$, '22023', NULL,
+                 'retry_record of a dispatching record: 22023');
+SELECT throws_ok($$SELECT billguard.retry_record('t10_rt_blocked', '2031-10')$$, '22023', NULL,
+                 'retry_record of a blocked record: 22023');
+SELECT throws_ok($$SELECT billguard.retry_record('t10_nobody', '2031-10')$$, 'P0002', NULL,
+                 'retry_record without a record: P0002');
+SELECT throws_ok($$SELECT billguard.retry_record('t10_rt_failed', '2031-13')$$, '22023', NULL,
+                 'retry_record with a bad period: 22023');
+SELECT results_eq($$SELECT customer_id, status, pg_temp.t10_nevents(substr(customer_id, 5)) FROM billguard.billing_records
+                     WHERE customer_id IN ('t10_rt_pending', 't10_rt_completed', 't10_rt_unknown', 't10_rt_dispatching', 't10_rt_blocked')
+                     ORDER BY customer_id$$,
+                  $$VALUES ('t10_rt_blocked', 'blocked', 1::bigint), ('t10_rt_completed', 'completed', 1::bigint),
+                           ('t10_rt_dispatching', 'dispatching', 1::bigint), ('t10_rt_pending', 'pending', 1::bigint),
+                           ('t10_rt_unknown', 'unknown', 1::bigint)$$,
+                  'refused retry_record calls change nothing and write no event');
+
+------------------------------------------------------------------------------
+-- resolve_record(customer, period, charge_id)
+SELECT is(billguard.resolve_record('t10_rs_review', '2031-10', 'pi_t10Resolved1'), 'completed',
+          'resolve_record of a needs_review record: completed');
+SELECT results_eq($$SELECT status, charge_id, completed_at FROM pg_temp.t10_r('rs_review')$$,
+                  $$VALUES ('completed', 'pi_t10Resolved1', now())$$, 'resolve_record: completed with the given id');
+SELECT is(pg_temp.t10_last_type('rs_review'), 'ReviewResolved', 'resolve_record: ReviewResolved event');
+SELECT is(pg_temp.t10_last('rs_review') - 'by', '{"charge_id": "pi_t10Resolved1", "previous_status": "needs_review"}'::jsonb,
+          'ReviewResolved: charge_id and previous status');
+SELECT is(billguard.resolve_record('t10_rs_failed', '2031-10', 'ch_t10Resolved2'), 'completed',
+          'resolve_record of a failed record with a ch_ id: completed');
+SELECT is(billguard.resolve_record('t10_rs_unknown', '2031-10', 'pi_t10Resolved3'), 'completed',
+          'resolve_record of an unknown record: completed');
+SELECT results_eq($$SELECT status, charge_id FROM pg_temp.t10_r('rs_unknown')$$, $$VALUES ('completed', 'pi_t10Resolved3')$$,
+                  'resolve_record of unknown: completed with the id');
+SELECT results_eq($$SELECT * FROM billguard.bill_customer('t10_rs_failed', '2031-10')$$,
+                  $$SELECT 'already_completed'::text, pg_temp.t10_key('rs_failed'), 'ch_t10Resolved2'::text$$,
+                  'after resolve_record, bill_customer answers already_completed with the resolved id');
+SELECT throws_ok($$SELECT billguard.resolve_record('t10_rs_pending', '2031-10', 'pi_t10x')$$, '22023', NULL,
+                 'resolve_record of a pending record: 22023');
+SELECT throws_ok($$SELECT billguard.resolve_record('t10_rs_completed', '2031-10', 'pi_t10x')$$, '22023',
+                 'billing record t10_rs_completed/2031-10 is completed, only needs_review, failed or unknown records can be resolved',
+                 'resolve_record of a completed record: 22023');
+SELECT throws_ok($$SELECT billguard.resolve_record('t10_rs_dispatching', '2031-10', 'pi_t10x')$$, '22023', NULL,
+                 'resolve_record of a dispatching record: 22023');
+SELECT throws_ok($$SELECT billguard.resolve_record('t10_rs_blocked', '2031-10', 'pi_t10x')$$, '22023', NULL,
+                 'resolve_record of a blocked record: 22023');
+SELECT throws_ok($$SELECT billguard.resolve_record('t10_rs_review', '2031-10', 'pi_again')$$, '22023', NULL,
+                 'resolve_record of a record it already resolved: 22023');
+SELECT throws_ok($$SELECT billguard.resolve_record('t10_nobody', '2031-10', 'pi_t10x')$$, 'P0002', NULL,
+                 'resolve_record without a record: P0002');
+SELECT throws_ok($$SELECT billguard.resolve_record('t10_rs_dispatching', '2031-10', 'xx_123')$$, '22023',
+                 'charge_id must be a Stripe id (pi_... or ch_...)', 'resolve_record with a non-Stripe id: 22023');
+SELECT throws_ok($$SELECT billguard.resolve_record('t10_rs_dispatching', '2031-10', NULL)$$, '22023', NULL,
+                 'resolve_record with a NULL id: 22023');
+SELECT throws_ok($$SELECT billguard.resolve_record('t10_rs_dispatching', '2031-10', 'pi_x; DROP')$$, '22023', NULL,
+                 'resolve_record with junk after the id: 22023');
+SELECT throws_ok($$SELECT billguard.resolve_record('t10_rs_review', 'August', 'pi_t10x')$$, '22023', NULL,
+                 'resolve_record with a bad period: 22023');
+SELECT results_eq($$SELECT customer_id, status, charge_id, pg_temp.t10_nevents(substr(customer_id, 5)) FROM billguard.billing_records
+                     WHERE customer_id IN ('t10_rs_pending', 't10_rs_completed', 't10_rs_dispatching', 't10_rs_blocked', 't10_rs_review')
+                     ORDER BY customer_id$$,
+                  $$VALUES ('t10_rs_blocked', 'blocked', NULL::text, 1::bigint),
+                           ('t10_rs_completed', 'completed', 'pi_t10rs_completed', 1::bigint),
+                           ('t10_rs_dispatching', 'dispatching', NULL::text, 1::bigint),
+                           ('t10_rs_pending', 'pending', NULL::text, 1::bigint),
+                           ('t10_rs_review', 'completed', 'pi_t10Resolved1', 2::bigint)$$,
+                  'refused resolve_record calls change nothing and write no event');
+
+SELECT * FROM finish();
+ROLLBACK;
