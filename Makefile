@@ -36,7 +36,8 @@ SHLIB_LINK  = -lcurl -lcrypto -lstdc++
 # same language standard as g++ for our C++17 sources.
 COMPILE.cxx.bc = $(CLANG) -xc++ -std=c++17 -Wno-register -Wno-ignored-attributes $(BITCODE_CXXFLAGS) $(CPPFLAGS) -flto=thin -emit-llvm -c
 
-EXTRA_CLEAN = test/unit/key_derivation_test
+UNIT_TESTS  = test/unit/key_derivation_test test/unit/dispatch_units_test
+EXTRA_CLEAN = $(UNIT_TESTS)
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
@@ -56,8 +57,11 @@ test/unit/key_derivation_test: test/unit/key_derivation_test.cpp extension/key_d
 deps:
 	test/install-deps.sh
 
-unit: test/unit/key_derivation_test
-	test/unit/key_derivation_test
+test/unit/dispatch_units_test: test/unit/dispatch_units_test.cpp extension/stripe_request.cpp extension/api_base.cpp extension/api_key.cpp extension/rate_pacer.hpp
+	$(CXX) -std=c++17 -O2 -Wall -Wextra -Iextension -o $@ test/unit/dispatch_units_test.cpp extension/stripe_request.cpp extension/api_base.cpp extension/api_key.cpp
+
+unit: $(UNIT_TESTS)
+	prove test/unit/
 
 test:
 	test/run-all.sh

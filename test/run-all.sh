@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 root=$PWD
 
 source test/prepare.sh test
-make -s test/unit/key_derivation_test
+make -s test/unit/key_derivation_test test/unit/dispatch_units_test
 cleanup() {
   test/cluster.sh stop "$work/pgtap" immediate 2>/dev/null || true
   rm -rf "$work"

@@ -1,0 +1,120 @@
+// Unit tests of the dispatcher's pure C++ pieces, printing TAP: Stripe form
+// encoding and parameters, the search path, api_base validation, API key
+// loading and request pacing.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "api_base.hpp"
+#include "api_key.hpp"
+#include "rate_pacer.hpp"
+#include "stripe_request.hpp"
+
+namespace {
+
+int test_number = 0;
+int failures = 0;
+
+void Ok(bool passed, const std::string& name) {
+  ++test_number;
+  if (!passed) ++failures;
+  std::printf("%s %d - %s\n", passed ? "ok" : "not ok", test_number, name.c_str());
+}
+
+void Is(const std::string& got, const std::string& expected, const std::string& name) {
+  Ok(got == expected, name);
+  if (got != expected) std::printf("#   got:      %s\n#   expected: %s\n", got.c_str(), expected.c_str());
+}
+
+std::string WriteFile(const std::string& content) {
+  char path[] = "/tmp/billguard-key-XXXXXX";
+  const int fd = mkstemp(path);
+  std::FILE* f = fdopen(fd, "w");
+  std::fputs(content.c_str(), f);
+  std::fclose(f);
+  return path;
+}
+
+billguard::ChargeRecord Record() {
+  billguard::ChargeRecord r;
+  r.idempotency_key = "0f3fe6c7ee131571ac54c216d9553542";
+  r.customer_id = "cust 1&2";
+  r.billing_period = "2026-08";
+  r.amount_cents = 4900;
+  r.currency = "usd";
+  r.stripe_customer = "cus_123";
+  r.payment_method = "pm_card_visa";
+  return r;
+}
+
+}  // namespace
+
+int main() {
+  using billguard::FormEncode;
+  Is(FormEncode({{"a", "1"}, {"b c", "x&y=z"}, {"metadata[k]", "ü~"}}),
+     "a=1&b+c=x%26y%3Dz&metadata%5Bk%5D=%C3%BC~", "form encoding escapes reserved bytes, UTF-8 and spaces");
+  Is(FormEncode(billguard::ChargeFields(Record(), "/v1/payment_intents")),
+     "amount=4900&currency=usd&customer=cus_123&payment_method=pm_card_visa&confirm=true"
+     "&off_session=true&description=billguard+cust+1%262+2026-08"
+     "&metadata%5Bbillguard_key%5D=0f3fe6c7ee131571ac54c216d9553542"
+     "&metadata%5Bbilling_period%5D=2026-08&metadata%5Bcustomer_id%5D=cust+1%262",
+     "PaymentIntent parameters, in a fixed order");
+  Ok(FormEncode(billguard::ChargeFields(Record(), "/v1/payment_intents")) ==
+         FormEncode(billguard::ChargeFields(Record(), "/v1/payment_intents")),
+     "byte-identical on every attempt");
+  auto no_method = Record();
+  no_method.payment_method.clear();
+  Ok(FormEncode(billguard::ChargeFields(no_method, "/v1/payment_intents")).find("payment_method") ==
+         std::string::npos,
+     "no payment_method when the account has none");
+  Is(FormEncode(billguard::ChargeFields(Record(), "/v1/charges")).substr(0, 61),
+     "amount=4900&currency=usd&customer=cus_123&source=pm_card_visa&", "charges use source");
+  bool threw = false;
+  try {
+    billguard::ChargeFields(Record(), "/v1/refunds");
+  } catch (const std::invalid_argument&) {
+    threw = true;
+  }
+  Ok(threw, "an unknown endpoint is refused");
+  Is(billguard::SearchPath("/v1/payment_intents", "abc"),
+     "/v1/payment_intents/search?query=metadata%5B%27billguard_key%27%5D%3A%27abc%27", "search path");
+
+  using billguard::IsAcceptableApiBase;
+  Ok(IsAcceptableApiBase("https://api.stripe.com"), "https accepted");
+  Ok(IsAcceptableApiBase("http://127.0.0.1:12111"), "http to 127.0.0.1 accepted");
+  Ok(IsAcceptableApiBase("http://localhost:8080"), "http to localhost accepted");
+  Ok(IsAcceptableApiBase("http://[::1]:8080"), "http to [::1] accepted");
+  Ok(!IsAcceptableApiBase("http://example.com"), "http to another host refused");
+  Ok(!IsAcceptableApiBase("http://127.evil.com"), "http to a name starting with 127. refused");
+  Ok(!IsAcceptableApiBase("http://127.0.0.1.nip.io"), "http to a longer name refused");
+  Ok(!IsAcceptableApiBase("https://api.stripe.com/"), "trailing slash refused");
+  Ok(!IsAcceptableApiBase("ftp://127.0.0.1"), "other schemes refused");
+
+  auto good = billguard::LoadApiKey(WriteFile("  rk_test_51Abc_def \n"));
+  Is(good.key, "rk_test_51Abc_def", "a restricted key is loaded, whitespace trimmed");
+  auto bad = billguard::LoadApiKey(WriteFile("password=hunter2\n"));
+  Ok(bad.key.empty() && bad.error.find("hunter2") == std::string::npos,
+     "a file without a Stripe key is refused without echoing its content");
+  Ok(!billguard::LoadApiKey("/nonexistent/key").error.empty(), "a missing file is reported");
+  Ok(!billguard::LoadApiKey("").error.empty(), "an unset path is reported");
+
+  using Clock = billguard::RatePacer::Clock;
+  billguard::RatePacer pacer(100);
+  const auto t0 = Clock::now();
+  int started = 0;
+  for (int ms = 0; ms < 1000; ++ms) {
+    const auto now = t0 + std::chrono::milliseconds(ms);
+    while (pacer.Ready(now)) {
+      pacer.Take(now);
+      ++started;
+    }
+  }
+  Ok(started >= 95 && started <= 100, "100/s paces 95..100 starts in a second (got " + std::to_string(started) + ")");
+  billguard::RatePacer slow(100);
+  slow.SlowDown(t0);
+  Ok(slow.Rate(t0) < 50 && slow.Rate(t0 + std::chrono::seconds(10)) > 97, "a 429 halves the rate, which recovers");
+
+  std::printf("1..%d\n", test_number);
+  return failures == 0 ? 0 : 1;
+}
