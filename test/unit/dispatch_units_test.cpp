@@ -68,7 +68,7 @@ int main() {
   Ok(FormEncode(billguard::ChargeFields(no_method, "/v1/payment_intents")).find("payment_method") ==
          std::string::npos,
      "no payment_method when the account has none");
-  Is(FormEncode(billguard::ChargeFields(Record(), "/v1/charges")).substr(0, 61),
+  Is(FormEncode(billguard::ChargeFields(Record(), "/v1/charges")).substr(0, 62),
      "amount=4900&currency=usd&customer=cus_123&source=pm_card_visa&", "charges use source");
   bool threw = false;
   try {
