@@ -14,9 +14,13 @@
 #         again; never a second key, never completed, no charge;
 #     settings: api_base must be https or loopback http, stripe_endpoint
 #         one of the two charge endpoints.
+#     500 cached with the charge created while search lags 2.5 s: the first
+#         search misses, the re-sent charge gets the cached 500, a later
+#         search finds it: one charge;
 #   group 2: a 429 storm (emulator 20/s, billguard allowed 500/s, 200
 #         accounts): all completed, none failed, one charge each.
-#   group 3: 401 (wrong key file) -> paused with a reason, nothing failed;
+#   group 3: 401 (wrong key file) -> paused with a reason, nothing failed
+#         (a key file without a key: paused, its content never echoed);
 #         the right key and a reload -> everything completes; the key never
 #         shows in the server log nor to a non-superuser in pg_settings.
 use strict;
@@ -99,6 +103,7 @@ my $t0 = time;
 	add_account($node, 't060_402', 1402, 'pm_card_chargeDeclined');
 	add_account($node, 't060_400', 1400, 'pm_card_visa');
 	add_account($node, 't060_500nc', 1501, 'pm_card_visa');
+	add_account($node, 't060_500lag', 1502, 'pm_card_visa');
 
 	# ---- 500, cached, charge created: unknown, then reconciled by search ----
 	{
@@ -138,6 +143,31 @@ my $t0 = time;
 		is(q1($node, "SELECT status || '|' || coalesce(charge_id, '') FROM billguard.bill_customer('$c', '$p')"),
 			"already_completed|$ledger->[0]{id}", '500: bill_customer answers already_completed with the id');
 		is($emulator->stats->{faults_applied}, 1, '500: the fault was applied');
+	}
+
+	# ---- 500, cached, charge created, but search lags 2.5 s behind ----
+	# The first search finds nothing, so the charge is re-sent with the same
+	# key and the cached 500 is replayed (unknown again); a later search finds
+	# the charge. Never a second charge.
+	{
+		my ($c, $p) = ('t060_500lag', '2030-08');
+		my $key = key_of($node, $c, $p);
+		$emulator->configure(search_delay_ms => 2500);
+		my $replayed_before = $emulator->stats->{replayed};
+		is($emulator->add_fault(kind => 'status', status => 500, count => 1)->{json}{queued}, 1, '500, search lag: fault queued');
+		is(q1($node, "SELECT status FROM billguard.bill_customer('$c', '$p')"), 'initiated', '500, search lag: billing initiated');
+		ok(wait_until_settled($node, $p, 30), '500, search lag: the record settles');
+		my $ledger = ledger_for_key($emulator, $key);
+		is(scalar(@$ledger), 1, '500, search lag: exactly one object for the key');
+		is(record_of($node, $c, $p) =~ s/\|\d+$//r, "completed|$ledger->[0]{id}", "500, search lag: completed with the emulator's id");
+		is(scalar(@{ charges_by_key($emulator)->{$key} // [] }), 1, '500, search lag: exactly one successful charge');
+		cmp_ok(scalar(@{ events_of($node, $c, $p, 'ChargeUnknown') }), '>=', 2,
+			'500, search lag: unknown again after the re-sent charge got the cached 500');
+		cmp_ok($emulator->stats->{replayed} - $replayed_before, '>=', 1, '500, search lag: the re-sent charge was a replay');
+		is(scalar(@{ events_of($node, $c, $p, 'ChargeReconciled') }), 1, '500, search lag: reconciled once, by search');
+		is(scalar(grep { $_->{idempotency_key} ne $key } @{ events_of($node, $c, $p, 'ChargeAttempted') }), 0,
+			'500, search lag: every attempt used the stored key');
+		$emulator->configure(search_delay_ms => 0);
 	}
 
 	# ---- 402 card_declined: failed, terminal, never re-sent ----
@@ -369,6 +399,17 @@ note(sprintf('group 1 took %.1f s', time - $t0));
 		'401: no BillingFailed event');
 	is(scalar(@{ $emulator->ledger }), 0, '401: nothing exists at the emulator');
 
+	# A key file that holds no Stripe key: still paused, with that reason,
+	# and the file's content is never echoed.
+	my $junk = 'sk_test_t060Junk!NotAKey';
+	set_api_key($node, $junk);
+	q1($node, 'SELECT pg_reload_conf()');
+	ok(defined poll_until(10, sub { q1($node, 'SELECT pause_reason FROM billguard.dispatch_status') =~ /does not hold a Stripe key/ }),
+		'401: a key file without a Stripe key: paused, reason "does not hold a Stripe key"');
+	unlike(q1($node, 'SELECT pause_reason FROM billguard.dispatch_status'), qr/t060Junk/, '(the reason does not echo the file)');
+	is(q1($node, "SELECT count(*) FROM billguard.billing_records WHERE status <> 'pending' AND status <> 'dispatching'"), '0',
+		'401: still nothing failed');
+
 	# The right key, a reload: everything completes.
 	set_api_key($node, $right_key);
 	my $reloaded = time;
@@ -389,6 +430,7 @@ note(sprintf('group 1 took %.1f s', time - $t0));
 	like($log, qr/paused: Stripe refused the API key/, '(the server log has the pause line)');
 	unlike($log, qr/\Q$right_key\E/, 'the right key never appears in the server log');
 	unlike($log, qr/\Q$StripeEmulatorHarness::DEFAULT_API_KEY\E/, 'the wrong key never appears in the server log');
+	unlike($log, qr/t060Junk/, 'the junk key file content never appears in the server log');
 	is(q1($node, "SELECT count(*) FROM pg_settings WHERE setting LIKE '%t060RightKey%' OR setting LIKE '%EmulatorHarness%'"), '0',
 		'no setting holds the key text (superuser view)');
 	q1($node, 'CREATE ROLE t060_reader LOGIN');
