@@ -295,6 +295,11 @@ extern "C" void billguard_dispatcher_main(Datum /*arg*/) {
   BackgroundWorkerInitializeConnection(billguard::settings::database, nullptr, 0);
   pgstat_report_appname("billguard dispatcher");
 
+  // Answers are committed without waiting for the WAL flush: one lost in a
+  // crash is re-sent with the same key and replayed by Stripe, and a
+  // single-threaded worker must not pay a disk flush per charge. Claims
+  // still flush (billguard.claim_due_records).
+  SetConfigOption("synchronous_commit", "off", PGC_USERSET, PGC_S_SESSION);
   billguard::GuardedCall("dispatcher", [&]() -> Datum {
     billguard::InitializeHttp();
     billguard::CallPostgres([] {

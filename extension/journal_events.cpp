@@ -8,6 +8,8 @@ extern "C" {
 #include "utils/builtins.h"
 #include "utils/json.h"
 #include "utils/jsonb.h"
+#include "common/jsonapi.h"
+#include "mb/pg_wchar.h"
 #include "utils/numeric.h"
 #include "utils/datetime.h"
 
@@ -73,5 +75,30 @@ Datum BuildBillingInitiated(FunctionCallInfo fcinfo) {
 extern "C" Datum billguard_billing_initiated_event(PG_FUNCTION_ARGS) {
   return billguard::GuardedCall("billing_initiated_event", [&]() -> Datum {
     return billguard::CallPostgres([&] { return BuildBillingInitiated(fcinfo); });
+  });
+}
+
+// billguard.is_json(text) -> boolean: whether a Stripe response body can be
+// cast to jsonb. PostgreSQL 15 has no error-free cast, and catching the
+// cast's error in PL/pgSQL costs a subtransaction per answer. De-escaping
+// strings (need_escapes) reports what jsonb refuses, such as \u0000.
+extern "C" {
+PG_FUNCTION_INFO_V1(billguard_is_json);
+}
+
+namespace {
+
+Datum IsJson(FunctionCallInfo fcinfo) {
+  text* body = PG_GETARG_TEXT_PP(0);
+  JsonLexContext* lex = makeJsonLexContextCstringLen(VARDATA_ANY(body), VARSIZE_ANY_EXHDR(body),
+                                                     GetDatabaseEncoding(), true);
+  PG_RETURN_BOOL(pg_parse_json(lex, &nullSemAction) == JSON_SUCCESS);
+}
+
+}  // namespace
+
+extern "C" Datum billguard_is_json(PG_FUNCTION_ARGS) {
+  return billguard::GuardedCall("is_json", [&]() -> Datum {
+    return billguard::CallPostgres([&] { return IsJson(fcinfo); });
   });
 }

@@ -48,6 +48,10 @@ CREATE FUNCTION billguard.claim_due_records(max_rows integer, lease interval,
                  billing_period text, amount_cents bigint, currency text,
                  stripe_customer text, payment_method text)
   LANGUAGE sql AS $$
+  -- The dispatcher commits its answers asynchronously (a lost answer is
+  -- re-sent with the same key and replayed by Stripe), but a claim is
+  -- flushed before any request leaves.
+  SELECT set_config('synchronous_commit', 'on', true);
   WITH due AS (
     SELECT r.idempotency_key, r.status, r.first_dispatched_at
       FROM billguard.billing_records r
@@ -96,17 +100,15 @@ CREATE FUNCTION billguard.lock_attempt(key text, attempt integer)
      FOR UPDATE;
 $$;
 
+-- Whether a response body is JSON, without raising (extension/journal_events.cpp).
+CREATE FUNCTION billguard.is_json(body text) RETURNS boolean
+  LANGUAGE c IMMUTABLE STRICT PARALLEL SAFE
+  AS 'MODULE_PATHNAME', 'billguard_is_json';
+
 -- jsonb of a response body, or NULL when it is not JSON.
 CREATE FUNCTION billguard.json_or_null(body text) RETURNS jsonb
-  LANGUAGE plpgsql IMMUTABLE AS $$
-BEGIN
-  IF body IS NULL OR left(ltrim(body), 1) NOT IN ('{', '[') THEN
-    RETURN NULL;
-  END IF;
-  RETURN body::jsonb;
-EXCEPTION WHEN others THEN
-  RETURN NULL;
-END $$;
+  LANGUAGE sql IMMUTABLE
+  RETURN CASE WHEN billguard.is_json(body) THEN body::jsonb END;
 
 -- What an answer from Stripe means, following Stripe's documented
 -- semantics (see DESIGN.md and STRIPE.md):
