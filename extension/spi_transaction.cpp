@@ -25,6 +25,35 @@ struct CopiedResult {
   char** cells = nullptr;  // rows * columns, NULL for SQL NULL
 };
 
+// Prepared plans of the worker's statements, by statement text. The worker
+// runs a handful of fixed statements thousands of times a second; planning
+// each execution would cost more than executing it.
+struct PreparedStatement {
+  const char* sql;
+  SPIPlanPtr plan;
+};
+PreparedStatement prepared[16];
+
+// Plain PostgreSQL code: the kept plan for `sql`, prepared on first use.
+SPIPlanPtr PlanFor(const char* sql, int nparams) {
+  for (auto& p : prepared) {
+    if (p.sql != nullptr && strcmp(p.sql, sql) == 0) return p.plan;
+  }
+  Oid* types = static_cast<Oid*>(palloc(sizeof(Oid) * (nparams > 0 ? nparams : 1)));
+  for (int i = 0; i < nparams; ++i) types[i] = TEXTOID;
+  SPIPlanPtr plan = SPI_prepare(sql, nparams, types);
+  if (plan == nullptr) elog(ERROR, "billguard: SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
+  for (auto& p : prepared) {
+    if (p.sql == nullptr) {
+      SPI_keepplan(plan);
+      p.sql = sql;
+      p.plan = plan;
+      break;
+    }
+  }
+  return plan;  // unkept when the cache is full: freed with the SPI context
+}
+
 MemoryContext ResultContext() {
   static MemoryContext context = nullptr;
   if (context == nullptr) {
@@ -43,10 +72,8 @@ CopiedResult RunStatement(const char* sql, int nparams, Datum* values, const cha
   PushActiveSnapshot(GetTransactionSnapshot());
   pgstat_report_activity(STATE_RUNNING, sql);
 
-  Oid* types = static_cast<Oid*>(palloc(sizeof(Oid) * (nparams > 0 ? nparams : 1)));
-  for (int i = 0; i < nparams; ++i) types[i] = TEXTOID;
-  int rc = SPI_execute_with_args(sql, nparams, types, values, nulls, false, 0);
-  if (rc < 0) elog(ERROR, "billguard: SPI_execute_with_args failed with %d", rc);
+  int rc = SPI_execute_plan(PlanFor(sql, nparams), values, nulls, false, 0);
+  if (rc < 0) elog(ERROR, "billguard: SPI_execute_plan failed: %s", SPI_result_code_string(rc));
 
   CopiedResult result;
   if (SPI_tuptable != nullptr) {

@@ -13,7 +13,8 @@ using SqlValue = std::optional<std::string>;  // nullopt is SQL NULL
 using SqlRow = std::vector<SqlValue>;
 
 // Executes `sql` with text parameters $1..$n (cast them in the SQL) in a
-// transaction of its own, committed before returning.
+// transaction of its own, committed before returning. The statement is
+// prepared once per process; pass the same few statement texts every time.
 std::vector<SqlRow> ExecuteInTransaction(const char* sql, const std::vector<SqlValue>& params);
 
 }  // namespace billguard

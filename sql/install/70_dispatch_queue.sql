@@ -7,21 +7,25 @@
 CREATE FUNCTION billguard.append_billing_event(customer_id text, billing_period text,
                                                event_type text, event jsonb)
   RETURNS void
-  LANGUAGE sql AS $$
-  INSERT INTO billguard.journal (persistence_id, seq_nr, customer_id, event_type, event)
-  SELECT p.id,
-         coalesce((SELECT max(j.seq_nr) FROM billguard.journal j WHERE j.persistence_id = p.id), 0) + 1,
-         $1, $3, $4
-    FROM (SELECT 'billing-' || $1 || '-' || $2 AS id) p;
-$$;
+  LANGUAGE plpgsql AS $$
+DECLARE
+  entity text := 'billing-' || customer_id || '-' || billing_period;
+BEGIN
+  INSERT INTO billguard.journal AS j (persistence_id, seq_nr, customer_id, event_type, event)
+  VALUES (entity,
+          coalesce((SELECT max(h.seq_nr) FROM billguard.journal h WHERE h.persistence_id = entity), 0) + 1,
+          append_billing_event.customer_id, append_billing_event.event_type, append_billing_event.event);
+END $$;
 
 -- Exponential backoff with jitter, as Stripe's clients do: 0.5 s doubling,
 -- capped, scaled by a random factor in [0.5, 1).
 CREATE FUNCTION billguard.retry_delay(attempt integer, cap_seconds double precision DEFAULT 60)
   RETURNS interval
-  LANGUAGE sql VOLATILE
+  LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
   RETURN make_interval(secs => least(0.5 * power(2, greatest(attempt - 1, 0)), cap_seconds)
                                * (0.5 + random() / 2));
+END $$;
 
 -- At dispatcher start: rows a previous dispatcher left 'dispatching' are due
 -- now, to be re-sent with their stored key.
@@ -47,11 +51,14 @@ CREATE FUNCTION billguard.claim_due_records(max_rows integer, lease interval,
   RETURNS TABLE (idempotency_key text, attempt integer, action text, customer_id text,
                  billing_period text, amount_cents bigint, currency text,
                  stripe_customer text, payment_method text)
-  LANGUAGE sql AS $$
+  LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
   -- The dispatcher commits its answers asynchronously (a lost answer is
   -- re-sent with the same key and replayed by Stripe), but a claim is
   -- flushed before any request leaves.
-  SELECT set_config('synchronous_commit', 'on', true);
+  PERFORM set_config('synchronous_commit', 'on', true);
+  RETURN QUERY
   WITH due AS (
     SELECT r.idempotency_key, r.status, r.first_dispatched_at
       FROM billguard.billing_records r
@@ -87,18 +94,22 @@ CREATE FUNCTION billguard.claim_due_records(max_rows integer, lease interval,
   SELECT c.idempotency_key, c.attempts, c.action, c.customer_id, c.billing_period, c.amount_cents,
          c.currency, c.stripe_customer, c.payment_method
     FROM claimed c;
-$$;
+END $$;
 
 -- The record of one dispatch attempt, locked, or NULL when the record has
 -- moved on (its lease was taken over, an operator requeued it): a late
 -- answer to an old attempt must not overwrite a newer state.
 CREATE FUNCTION billguard.lock_attempt(key text, attempt integer)
   RETURNS billguard.billing_records
-  LANGUAGE sql AS $$
-  SELECT * FROM billguard.billing_records r
+  LANGUAGE plpgsql AS $$
+DECLARE
+  rec billguard.billing_records;
+BEGIN
+  SELECT * INTO rec FROM billguard.billing_records r
    WHERE r.idempotency_key = key AND r.status = 'dispatching' AND r.attempts = attempt
      FOR UPDATE;
-$$;
+  RETURN rec;
+END $$;
 
 -- Whether a response body is JSON, without raising (extension/journal_events.cpp).
 CREATE FUNCTION billguard.is_json(body text) RETURNS boolean
