@@ -140,7 +140,16 @@ extern "C" void _PG_init(void) {
   DefineSettings();
   DefineDispatcherSettings();
   MarkGUCPrefixReserved("billguard");
-  if (!process_shared_preload_libraries_in_progress) return;
+  if (!process_shared_preload_libraries_in_progress) {
+    // Loaded by a session: no dispatcher runs, so its settings do nothing.
+    if (billguard::settings::api_key_file[0] != '\0') {
+      ereport(WARNING,
+              (errmsg("billguard dispatcher settings have no effect"),
+               errdetail("billguard is not in shared_preload_libraries, so no dispatcher runs."),
+               errhint("Add billguard to shared_preload_libraries and restart the server.")));
+    }
+    return;
+  }
   billguard::InstallSharedState();
   billguard::RegisterDispatcher();
 }

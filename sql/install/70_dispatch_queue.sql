@@ -173,6 +173,13 @@ BEGIN
   IF outcome = 'completed' AND coalesce(answer ->> 'id', '') = '' THEN
     outcome := 'needs_review';   -- a 2xx without an object id: a person must look
     err := jsonb_build_object('type', 'api_error', 'message', 'success response without an id');
+  ELSIF outcome = 'completed'
+        AND answer ->> 'status' NOT IN ('succeeded', 'processing', 'pending') THEN
+    -- Created but not charged (e.g. requires_action off-session): terminal.
+    outcome := 'failed';
+    err := jsonb_build_object('type', 'payment_status', 'code', answer ->> 'status',
+                              'message', format('%s %s is %s: not charged', answer ->> 'object',
+                                                answer ->> 'id', answer ->> 'status'));
   END IF;
   detail := jsonb_strip_nulls(jsonb_build_object(
     'http_status', http_status, 'type', err ->> 'type', 'code', err ->> 'code',
