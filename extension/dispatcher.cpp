@@ -63,9 +63,12 @@ void MarkRunning(int pid) {
   SpinLockRelease(&shared->mutex);
 }
 
+bool http_initialized = false;
+
 void OnDispatcherExit(int /*code*/, Datum /*arg*/) {
   WithdrawDispatcherLatch();
   MarkRunning(0);
+  if (http_initialized) ShutdownHttp();
 }
 
 class Dispatcher {
@@ -302,13 +305,13 @@ extern "C" void billguard_dispatcher_main(Datum /*arg*/) {
   SetConfigOption("synchronous_commit", "off", PGC_USERSET, PGC_S_SESSION);
   billguard::GuardedCall("dispatcher", [&]() -> Datum {
     billguard::InitializeHttp();
+    billguard::http_initialized = true;
     billguard::CallPostgres([] {
       on_proc_exit(billguard::OnDispatcherExit, 0);
       billguard::PublishDispatcherLatch();
       billguard::MarkRunning(MyProcPid);
     });
     billguard::Dispatcher().Run();
-    billguard::ShutdownHttp();
     return 0;
   });
   // Exit code 1 even after SIGTERM: the postmaster then restarts a dispatcher
