@@ -380,7 +380,7 @@ note(sprintf('group 1 took %.1f s', time - $t0));
 	# The harness writes its default key into the key file: the wrong one here.
 	# A short request timeout keeps the dispatcher's lease (2 x timeout + 30 s)
 	# as short as it can be.
-	my $node = dispatch_node('auth', $emulator, "billguard.request_timeout = '2s'");
+	my $node = dispatch_node('auth', $emulator, "billguard.request_timeout = '1s'");
 	isnt($StripeEmulatorHarness::DEFAULT_API_KEY, $right_key, '401: the node starts with another key');
 	add_accounts($node, 20, 'auth_');
 	is(q1($node, "SELECT initiated FROM billguard.bill_period('2030-06')"), '20', '401: 20 billings initiated');
@@ -395,6 +395,14 @@ note(sprintf('group 1 took %.1f s', time - $t0));
 	is(q1($node, "SELECT string_agg(status || '=' || n, ',' ORDER BY status) FROM (SELECT status, count(*) n FROM billguard.billing_records GROUP BY 1) s"),
 		'pending=20', '401: all 20 records stay pending');
 	is(q1($node, 'SELECT max(attempts) FROM billguard.billing_records'), '0', '401: refused attempts are not counted');
+	diag('401: while paused: ' . q1($node, q{
+		SELECT string_agg(format('%s: %s records, attempts %s, lease ends in %s s, %s ChargeAttempted', status, n, a, l, e), '; ')
+		  FROM (SELECT r.status, count(*) n, max(r.attempts) a,
+		               round(max(extract(epoch FROM r.lease_expires_at - now()))) l,
+		               sum((SELECT count(*) FROM billguard.journal j WHERE j.persistence_id = 'billing-' || r.customer_id || '-' || r.billing_period
+		                       AND j.event_type = 'ChargeAttempted')) e
+		          FROM billguard.billing_records r GROUP BY r.status) s}))
+		if q1($node, "SELECT count(*) FROM billguard.billing_records WHERE status <> 'pending'") ne '0';
 	is(q1($node, "SELECT count(*) FROM billguard.journal WHERE event_type = 'BillingFailed'"), '0',
 		'401: no BillingFailed event');
 	is(scalar(@{ $emulator->ledger }), 0, '401: nothing exists at the emulator');
