@@ -79,4 +79,10 @@ Outcome RecordSearchResult(const ClaimedRecord& claimed, long http_status, const
        body}));
 }
 
+void ReleaseClaim(const ClaimedRecord& claimed) {
+  ExecuteInTransaction("SELECT billguard.release_claim($1, $2::int, $3::boolean)",
+                       {claimed.charge.idempotency_key, std::to_string(claimed.attempt),
+                        claimed.search_first ? "true" : "false"});
+}
+
 }  // namespace billguard

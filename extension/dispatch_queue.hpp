@@ -27,5 +27,7 @@ Outcome RecordChargeResponse(const ClaimedRecord& claimed, long http_status, con
                              const std::string& should_retry, bool replayed);
 Outcome RecordTransportError(const ClaimedRecord& claimed, const std::string& message);
 Outcome RecordSearchResult(const ClaimedRecord& claimed, long http_status, const std::string& body);
+// Gives back a claimed record that was never sent.
+void ReleaseClaim(const ClaimedRecord& claimed);
 
 }  // namespace billguard

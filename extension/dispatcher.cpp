@@ -131,7 +131,10 @@ class Dispatcher {
     if (paused_ && reason == pause_reason_) return;
     paused_ = true;
     pause_reason_ = reason;
-    ready_.clear();  // claimed rows stay dispatching; their lease brings them back
+    // Claimed but unsent records go back to the queue at once, rather than
+    // waiting in 'dispatching' for their lease to expire.
+    for (const ClaimedRecord& claimed : ready_) ReleaseClaim(claimed);
+    ready_.clear();
     Log("paused: " + reason + "; fix it and reload the configuration (SIGHUP)");
   }
 
