@@ -31,6 +31,36 @@ SELECT coalesce(EXISTS (SELECT FROM pg_catalog.pg_stat_activity a
 COMMENT ON VIEW billguard.dispatch_status IS
   'The dispatcher: running or not, paused and why, requests in flight, the queue, recent outcomes.';
 
+-- The record of (customer_id, billing_period), locked, if its status is one
+-- of `allowed`; otherwise a clear error naming what `action` needs.
+CREATE FUNCTION billguard.record_for_operator(customer_id text, billing_period text,
+                                              allowed text[], action text)
+  RETURNS billguard.billing_records
+  LANGUAGE plpgsql AS $$
+DECLARE
+  rec billguard.billing_records;
+  n   int := cardinality(allowed);
+BEGIN
+  PERFORM billguard.check_billing_period(record_for_operator.billing_period);
+  SELECT * INTO rec FROM billguard.billing_records r
+   WHERE r.customer_id = record_for_operator.customer_id
+     AND r.billing_period = record_for_operator.billing_period
+     FOR UPDATE;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'no billing record for % in %',
+                    quote_literal(left(record_for_operator.customer_id, 64)),
+                    record_for_operator.billing_period
+      USING ERRCODE = 'no_data_found';
+  END IF;
+  IF rec.status <> ALL (allowed) THEN
+    RAISE EXCEPTION 'billing record %/% is %, only % or % records can be %',
+                    rec.customer_id, rec.billing_period, rec.status,
+                    array_to_string(allowed[1:n - 1], ', '), allowed[n], action
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  RETURN rec;
+END $$;
+
 -- Requeues a failed or needs_review record deliberately. It keeps its key
 -- and its first dispatch time, so a record older than the idempotency
 -- window is searched for at Stripe before anything is re-sent.
@@ -40,20 +70,8 @@ CREATE FUNCTION billguard.retry_record(customer_id text, billing_period text)
 DECLARE
   rec billguard.billing_records;
 BEGIN
-  PERFORM billguard.check_billing_period(retry_record.billing_period);
-  SELECT * INTO rec FROM billguard.billing_records r
-   WHERE r.customer_id = retry_record.customer_id AND r.billing_period = retry_record.billing_period
-     FOR UPDATE;
-  IF NOT FOUND THEN
-    RAISE EXCEPTION 'no billing record for % in %', quote_literal(left(retry_record.customer_id, 64)),
-                    retry_record.billing_period
-      USING ERRCODE = 'no_data_found';
-  END IF;
-  IF rec.status NOT IN ('failed', 'needs_review') THEN
-    RAISE EXCEPTION 'billing record %/% is %, only failed or needs_review records can be retried',
-                    rec.customer_id, rec.billing_period, rec.status
-      USING ERRCODE = 'invalid_parameter_value';
-  END IF;
+  rec := billguard.record_for_operator(retry_record.customer_id, retry_record.billing_period,
+                                       ARRAY['failed', 'needs_review'], 'retried');
   UPDATE billguard.billing_records r
      SET status = 'pending', attempts = 0, next_attempt_at = now(), updated_at = now()
    WHERE r.idempotency_key = rec.idempotency_key;
@@ -71,24 +89,12 @@ CREATE FUNCTION billguard.resolve_record(customer_id text, billing_period text, 
 DECLARE
   rec billguard.billing_records;
 BEGIN
-  PERFORM billguard.check_billing_period(resolve_record.billing_period);
   IF resolve_record.charge_id IS NULL OR resolve_record.charge_id !~ '^(pi|ch)_[A-Za-z0-9_]+$' THEN
     RAISE EXCEPTION 'charge_id must be a Stripe id (pi_... or ch_...)'
       USING ERRCODE = 'invalid_parameter_value';
   END IF;
-  SELECT * INTO rec FROM billguard.billing_records r
-   WHERE r.customer_id = resolve_record.customer_id AND r.billing_period = resolve_record.billing_period
-     FOR UPDATE;
-  IF NOT FOUND THEN
-    RAISE EXCEPTION 'no billing record for % in %', quote_literal(left(resolve_record.customer_id, 64)),
-                    resolve_record.billing_period
-      USING ERRCODE = 'no_data_found';
-  END IF;
-  IF rec.status NOT IN ('needs_review', 'failed', 'unknown') THEN
-    RAISE EXCEPTION 'billing record %/% is %, only needs_review, failed or unknown records can be resolved',
-                    rec.customer_id, rec.billing_period, rec.status
-      USING ERRCODE = 'invalid_parameter_value';
-  END IF;
+  rec := billguard.record_for_operator(resolve_record.customer_id, resolve_record.billing_period,
+                                       ARRAY['needs_review', 'failed', 'unknown'], 'resolved');
   UPDATE billguard.billing_records r
      SET status = 'completed', charge_id = resolve_record.charge_id, completed_at = now(),
          updated_at = now()
