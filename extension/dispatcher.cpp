@@ -104,6 +104,8 @@ class Dispatcher {
     bool searching = false;
   };
 
+  // Any reload resumes a pause when the key file holds a key: a key Stripe
+  // still refuses pauses again at its first 401.
   void LoadSettings() {
     http_.set_timeout_ms(settings::request_timeout_ms);
     pacer_.set_rate(settings::max_requests_per_second);
@@ -122,8 +124,6 @@ class Dispatcher {
   void Reload() {
     ConfigReloadPending = false;
     CallPostgres([] { ProcessConfigFile(PGC_SIGHUP); });
-    // A refused key pauses until an operator fixes it; any reload retries.
-    if (paused_) api_key_.clear();
     LoadSettings();
   }
 
