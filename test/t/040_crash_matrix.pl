@@ -26,10 +26,10 @@ use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use IPC::Run;
 use JSON::PP;
 use Time::HiRes qw(sleep time);
 use BillguardTest;
+use DispatchScenario;
 
 my $emulator_log = "$PostgreSQL::Test::Utils::log_path/040_emulator.log";
 my $emulator = StripeEmulatorHarness->start(quiet => 0, stderr => $emulator_log);
@@ -38,135 +38,12 @@ my $node = dispatch_node('crash_matrix', $emulator,
 	"restart_after_crash = on");
 add_accounts($node, 20);
 
-# ---- helpers ----------------------------------------------------------------
+# ---- helpers (shared ones: DispatchScenario) ---------------------------------
 
-sub sql { return $node->safe_psql('postgres', $_[0]) }
-
-# How many assertions failed so far (to print diagnostics once per case).
-sub failures { return scalar(grep { !$_ } Test::More->builder->summary) }
-
-sub wait_for {
-	my ($what, $timeout, $check) = @_;
-	my $deadline = time + $timeout;
-	while (time < $deadline) {
-		my $ok = eval { $check->() };
-		return 1 if $ok;
-		sleep 0.02;
-	}
-	diag("timed out after ${timeout}s waiting for: $what");
-	return 0;
-}
-
-sub key_of {
-	my ($customer, $period) = @_;
-	return sql("SELECT billguard.idempotency_key('$customer', '$period')");
-}
-
-sub status_of {
-	my ($customer, $period) = @_;
-	return sql("SELECT status FROM billguard.billing_records WHERE customer_id = '$customer' AND billing_period = '$period'");
-}
-
-# Every ledger object (any status) that carries $key.
-sub ledger_for_key {
-	my ($key) = @_;
-	return [ grep { ($_->{idempotency_key} // '') eq $key || ($_->{metadata}{billguard_key} // '') eq $key }
-		  @{ $emulator->ledger } ];
-}
-
-sub succeeded_for_key {
-	my ($key) = @_;
-	return [ grep { ($_->{status} // '') eq 'succeeded' } @{ ledger_for_key($key) } ];
-}
-
-sub events_of {
-	my ($customer, $period) = @_;
-	return sql(qq{
-		SELECT string_agg(event_type || coalesce('(' || (event ->> 'replayed') || ')', ''), ',' ORDER BY seq_nr)
-		  FROM billguard.journal WHERE persistence_id = 'billing-$customer-$period'});
-}
-
-sub set_rate {
-	my ($rate) = @_;
-	if (defined $rate) {
-		sql("ALTER SYSTEM SET billguard.max_requests_per_second = $rate");
-	} else {
-		sql("ALTER SYSTEM RESET billguard.max_requests_per_second");
-	}
-	sql('SELECT pg_reload_conf()');
-	sleep 0.3;    # the dispatcher rereads the file when the SIGHUP wakes it
-}
-
-# Everything a person needs to see when a case fails.
-sub explain_case {
-	my ($customer, $period, $key) = @_;
-	my $json = JSON::PP->new->canonical;
-	diag("---- diagnostics for $customer/$period key $key");
-	diag('record: ' . (eval { sql(qq{
-		SELECT row_to_json(r) FROM billguard.billing_records r
-		 WHERE customer_id = '$customer' AND billing_period = '$period'}) } // "unavailable: $@"));
-	diag("journal:\n" . (eval { sql(qq{
-		SELECT seq_nr || ' ' || event_type || ' ' || event::text FROM billguard.journal
-		 WHERE persistence_id = 'billing-$customer-$period' ORDER BY seq_nr}) } // "unavailable: $@"));
-	diag('emulator ledger for the key: ' . $json->encode(eval { ledger_for_key($key) } // []));
-	diag('emulator stats: ' . $json->encode(eval { $emulator->stats } // {}));
-	my $log = eval { slurp_file($node->logfile) } // '';
-	my @lines = grep { /^\d{4}-\d\d-\d\d / && /billguard dispatcher|terminated|crash|recovery|ready to accept|ERROR|FATAL|PANIC/ && !/statement:/ }
-	  split /\n/, $log;
-	splice(@lines, 0, @lines - 30) if @lines > 30;
-	diag("server log (billguard and crash lines, last 30):\n" . join("\n", @lines));
-	return;
-}
-
-# A psql session that waits until the record is 'dispatching' (claimed, its
-# claim committed) and then holds its row lock in an open transaction. The
-# dispatcher's record_* functions lock the same row first, so the worker
-# blocks right after its HTTP request, before it can commit any outcome.
-sub start_row_lock {
-	my ($customer, $period) = @_;
-	my %s = (in => '', out => '', err => '');
-	$s{handle} = IPC::Run::start(
-		[ 'psql', '-XAtq', '-v', 'ON_ERROR_STOP=1', '-d', $node->connstr('postgres') ],
-		'<', \$s{in}, '>', \$s{out}, '2>', \$s{err});
-	$s{in} .= "SELECT 'PID:' || pg_backend_pid();\n";
-	wait_for('the row-lock session to connect', 20, sub { $s{handle}->pump_nb; $s{out} =~ /PID:(\d+)/ })
-	  or die "row-lock session did not start: $s{err}";
-	($s{pid}) = $s{out} =~ /PID:(\d+)/;
-	my $where = "customer_id = '$customer' AND billing_period = '$period'";
-	$s{in} .= "BEGIN;\n"
-	  . "DO \$\$BEGIN FOR i IN 1..4000 LOOP "
-	  . "EXIT WHEN (SELECT status FROM billguard.billing_records WHERE $where) = 'dispatching'; "
-	  . "PERFORM pg_sleep(0.005); END LOOP; END\$\$;\n"
-	  . "SELECT 'LOCKED:' || status || ':' || attempts FROM billguard.billing_records WHERE $where FOR UPDATE;\n";
-	$s{handle}->pump_nb;
-	return \%s;
-}
-
-# Waits until the session holds the lock; returns "status:attempts" seen under it.
-sub row_lock_taken {
-	my ($s) = @_;
-	wait_for('the row lock', 30, sub { $s->{handle}->pump_nb; $s->{out} =~ /LOCKED:/ })
-	  or return "not taken ($s->{err})";
-	my ($seen) = $s->{out} =~ /LOCKED:(\S+)/;
-	return $seen;
-}
-
-sub end_row_lock {
-	my ($s) = @_;
-	eval { $s->{handle}->kill_kill(grace => 1) };
-	eval { $s->{handle}->finish };
-	return;
-}
-
-# The statement of the dispatcher when it waits for a heavyweight lock held
-# by $holder_pid, else ''.
-sub dispatcher_blocked_by {
-	my ($holder_pid) = @_;
-	return sql(qq{
-		SELECT a.query FROM pg_stat_activity a
-		 WHERE a.backend_type = 'billguard dispatcher' AND a.wait_event_type = 'Lock'
-		   AND $holder_pid = ANY (pg_blocking_pids(a.pid))});
-}
+# What explain_case shows of the server log.
+my @explain = (
+	log_match => qr/billguard dispatcher|terminated|crash|recovery|ready to accept|ERROR|FATAL|PANIC/,
+	log_heading => 'server log (billguard and crash lines, last 30)');
 
 # Crashes the cluster in the way $kind says; returns the new dispatcher's pid.
 sub crash {
@@ -189,34 +66,29 @@ sub assert_charged_once {
 	my ($label, $customer, $period, $key, %expect) = @_;
 	my $failed = failures();
 	ok(wait_for("$customer/$period completed", 30,
-		sub { status_of($customer, $period) eq 'completed' }), "$label: record completed after the restart");
-	my $succeeded = succeeded_for_key($key);
+		sub { status_of($node, $customer, $period) eq 'completed' }), "$label: record completed after the restart");
+	my $succeeded = succeeded_for_key($emulator, $key);
 	is(scalar(@$succeeded), 1, "$label: exactly one succeeded charge at the emulator for the key");
-	is(scalar(@{ ledger_for_key($key) }), 1, "$label: exactly one object of any status for the key");
+	is(scalar(@{ ledger_for_key($emulator, $key) }), 1, "$label: exactly one object of any status for the key");
 	my $charge_id = @$succeeded ? $succeeded->[0]{id} : '(none)';
-	is(sql("SELECT charge_id FROM billguard.billing_records WHERE customer_id = '$customer' AND billing_period = '$period'"),
+	is(q1($node, "SELECT charge_id FROM billguard.billing_records WHERE customer_id = '$customer' AND billing_period = '$period'"),
 		$charge_id, "$label: the record carries exactly that charge id");
 	if (defined $expect{original_id}) {
 		is($charge_id, $expect{original_id}, "$label: it is the charge created before the crash");
 	}
-	is(sql(qq{
+	is(q1($node, qq{
 		SELECT string_agg(event ->> 'charge_id' || '/' || (event ->> 'replayed'), ',')
 		  FROM billguard.journal
 		 WHERE persistence_id = 'billing-$customer-$period' AND event_type = 'BillingCompleted'}),
 		"$charge_id/$expect{replayed}",
 		"$label: one BillingCompleted with that id, replayed = $expect{replayed}");
-	is(events_of($customer, $period), $expect{events}, "$label: journal events");
-	is(sql("SELECT attempts FROM billguard.billing_records WHERE customer_id = '$customer' AND billing_period = '$period'"),
+	is(event_types($node, $customer, $period, 'replayed'), $expect{events}, "$label: journal events");
+	is(q1($node, "SELECT attempts FROM billguard.billing_records WHERE customer_id = '$customer' AND billing_period = '$period'"),
 		'2', "$label: two attempts: the interrupted one and the one after the restart");
-	is(sql("SELECT billguard.entity_state('billing-$customer-$period') ->> 'charge_id'"), $charge_id,
+	is(q1($node, "SELECT billguard.entity_state('billing-$customer-$period') ->> 'charge_id'"), $charge_id,
 		"$label: the folded entity state has the charge id");
-	explain_case($customer, $period, $key) if failures() > $failed;
+	explain_case($node, $emulator, $customer, $period, $key, @explain) if failures() > $failed;
 	return failures() == $failed;
-}
-
-sub bill {
-	my ($customer, $period) = @_;
-	return sql("SELECT status FROM billguard.bill_customer('$customer', '$period')");
 }
 
 # ---- point a: after the claim, before the send -------------------------------
@@ -224,33 +96,33 @@ sub bill {
 sub case_a {
 	my ($kind, $decoy, $customer, $period) = @_;
 	my $label = "$kind-a (crash after claim, before send)";
-	my $key = key_of($customer, $period);
+	my $key = key_of($node, $customer, $period);
 
 	# A rate of 0.1/s: after the decoy's request the next claimed row waits
 	# ~10 s in the dispatcher's ready queue, claimed but not sent.
-	set_rate(0.1);
-	is(bill($decoy, $period), 'initiated', "$label: decoy $decoy initiated");
-	ok(wait_for("decoy $decoy completed", 20, sub { status_of($decoy, $period) eq 'completed' }),
+	set_rate($node, 0.1);
+	is(bill($node, $decoy, $period), 'initiated', "$label: decoy $decoy initiated");
+	ok(wait_for("decoy $decoy completed", 20, sub { status_of($node, $decoy, $period) eq 'completed' }),
 		"$label: the decoy is charged (it starts the 10 s pacing interval)");
 	my $requests_before = $emulator->stats->{requests};
 
-	is(bill($customer, $period), 'initiated', "$label: $customer initiated");
-	my $claimed = wait_for("$customer claimed", 10, sub { status_of($customer, $period) eq 'dispatching' });
+	is(bill($node, $customer, $period), 'initiated', "$label: $customer initiated");
+	my $claimed = wait_for("$customer claimed", 10, sub { status_of($node, $customer, $period) eq 'dispatching' });
 	# Back to the fast rate for the next dispatcher; the running one keeps
 	# its paced start time for the claimed row, so it stays unsent.
-	set_rate(undef);
+	set_rate($node, undef);
 
 	my $failed = failures();
 	ok($claimed, "$label: the record is claimed ('dispatching')");
-	is(sql(qq{SELECT count(*) FROM billguard.journal
+	is(q1($node, qq{SELECT count(*) FROM billguard.journal
 		WHERE persistence_id = 'billing-$customer-$period' AND event_type = 'ChargeAttempted'}), '1',
 		"$label: the claim journaled its ChargeAttempted");
-	my $seen = scalar(@{ ledger_for_key($key) });
+	my $seen = scalar(@{ ledger_for_key($emulator, $key) });
 	my $requests_at_crash = $emulator->stats->{requests};
 	is($seen, 0, "$label: before the crash the emulator holds no object for the key");
 	is($requests_at_crash, $requests_before, "$label: before the crash the emulator received no request at all since the decoy");
-	is(status_of($customer, $period), 'dispatching', "$label: still dispatching right before the crash");
-	explain_case($customer, $period, $key) if failures() > $failed;
+	is(status_of($node, $customer, $period), 'dispatching', "$label: still dispatching right before the crash");
+	explain_case($node, $emulator, $customer, $period, $key, @explain) if failures() > $failed;
 
 	ok(crash($kind), "$label: a new dispatcher runs after the crash");
 	assert_charged_once($label, $customer, $period, $key,
@@ -266,13 +138,13 @@ sub case_bc {
 	my $label = $point eq 'b'
 	  ? "$kind-b (crash after Stripe committed, no answer reached the worker)"
 	  : "$kind-c (crash after the answer arrived, before the database commit)";
-	my $key = key_of($customer, $period);
+	my $key = key_of($node, $customer, $period);
 
 	if ($point eq 'b') {
 		# A request just before leaves a keep-alive connection in the
 		# dispatcher's cache, so the charge goes out on a reused connection.
-		is(bill($decoy, $period), 'initiated', "$label: decoy $decoy initiated");
-		ok(wait_for("decoy $decoy completed", 20, sub { status_of($decoy, $period) eq 'completed' }),
+		is(bill($node, $decoy, $period), 'initiated', "$label: decoy $decoy initiated");
+		ok(wait_for("decoy $decoy completed", 20, sub { status_of($node, $decoy, $period) eq 'completed' }),
 			"$label: the decoy is charged (a warm connection)");
 	}
 	# The emulator sleeps 1 s before it executes a charge: time for the lock
@@ -282,23 +154,23 @@ sub case_bc {
 	if ($point eq 'b') {
 		$emulator->add_fault(kind => 'commit_then_drop', count => 2);
 	}
-	my $lock = start_row_lock($customer, $period);
-	is(bill($customer, $period), 'initiated', "$label: $customer initiated");
+	my $lock = start_row_lock($node, $customer, $period);
+	is(bill($node, $customer, $period), 'initiated', "$label: $customer initiated");
 	my $seen = row_lock_taken($lock);
 
 	my $failed = failures();
 	is($seen, 'dispatching:1', "$label: row lock taken while the first attempt is in flight");
-	ok(wait_for('the charge at the emulator', 15, sub { scalar(@{ succeeded_for_key($key) }) == 1 }),
+	ok(wait_for('the charge at the emulator', 15, sub { scalar(@{ succeeded_for_key($emulator, $key) }) == 1 }),
 		"$label: the emulator committed the charge");
 	my $blocked = '';
 	ok(wait_for('the dispatcher blocked on the row lock', 15,
-			sub { ($blocked = dispatcher_blocked_by($lock->{pid})) ne '' }),
+			sub { ($blocked = dispatcher_blocked_by($node, $lock->{pid})) ne '' }),
 		"$label: the dispatcher is blocked on the row lock (pg_stat_activity wait_event_type Lock, pg_blocking_pids)");
 	my $recording = $point eq 'b' ? 'record_transport_error' : 'record_charge_response';
 	like($blocked, qr/billguard\.$recording\(/, "$label: it is blocked in $recording");
 	$emulator->configure(latency_ms => 0);
 	my $at_crash = $emulator->stats;
-	my $original = succeeded_for_key($key);
+	my $original = succeeded_for_key($emulator, $key);
 	my $original_id = @$original ? $original->[0]{id} : '(none)';
 	if ($point eq 'b') {
 		is($at_crash->{faults_applied} - $before->{faults_applied}, 2,
@@ -310,9 +182,9 @@ sub case_bc {
 	}
 	note("$label: requests during the first attempt: " . ($at_crash->{requests} - $before->{requests})
 		. ', replayed: ' . ($at_crash->{replayed} - $before->{replayed}));
-	is(sql("SELECT status || ':' || attempts FROM billguard.billing_records WHERE customer_id = '$customer' AND billing_period = '$period'"),
+	is(q1($node, "SELECT status || ':' || attempts FROM billguard.billing_records WHERE customer_id = '$customer' AND billing_period = '$period'"),
 		'dispatching:1', "$label: nothing recorded before the crash");
-	explain_case($customer, $period, $key) if failures() > $failed;
+	explain_case($node, $emulator, $customer, $period, $key, @explain) if failures() > $failed;
 
 	ok(crash($kind), "$label: a new dispatcher runs after the crash");
 	end_row_lock($lock);
@@ -344,14 +216,14 @@ is(scalar(@doubles), 0, 'no key has more than one succeeded charge at the emulat
   or diag('charged more than once: ' . join(', ', map { "$_ => [@{ $by_key->{$_} }]" } @doubles));
 is(scalar(keys %$by_key), 10, 'ten keys charged: six crash cases and four decoys');
 is(scalar(@{ $emulator->ledger }), 10, 'the emulator created ten objects in all');
-is(sql(q{SELECT string_agg(status || '=' || n, ',') FROM
+is(q1($node, q{SELECT string_agg(status || '=' || n, ',') FROM
 	(SELECT status, count(*) n FROM billguard.billing_records GROUP BY 1 ORDER BY 1) s}),
 	'completed=10', 'all ten records completed');
 my %record_charge = map { split /\|/ } split /\n/,
-  sql(q{SELECT idempotency_key || '|' || coalesce(charge_id, '') FROM billguard.billing_records});
+  q1($node, q{SELECT idempotency_key || '|' || coalesce(charge_id, '') FROM billguard.billing_records});
 is(join(',', grep { ($record_charge{$_} // '') ne ($by_key->{$_}[0] // '') } sort keys %$by_key), '',
 	"every record carries its key's only charge id");
-is(sql(q{SELECT count(*) FROM billguard.accounts a WHERE (SELECT count(*) FROM billguard.billing_records r
+is(q1($node, q{SELECT count(*) FROM billguard.accounts a WHERE (SELECT count(*) FROM billguard.billing_records r
 	WHERE r.customer_id = a.customer_id) > 1}), '0', 'no customer has more than one record');
 
 $node->stop;

@@ -16,10 +16,9 @@ use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use IPC::Run;
-use JSON::PP;
 use Time::HiRes qw(sleep time);
 use BillguardTest;
+use DispatchScenario;
 
 my $ttl = 3;    # seconds the emulator keeps an idempotency key
 my $emulator_log = "$PostgreSQL::Test::Utils::log_path/050_emulator.log";
@@ -30,130 +29,13 @@ my $node = dispatch_node('past_window', $emulator,
 	"billguard.idempotency_window = '1s'");
 add_accounts($node, 10);
 
-# ---- helpers (local: BillguardTest.pm belongs to others) ----------------------
+# ---- helpers (shared ones: DispatchScenario) ---------------------------------
 
-sub sql { return $node->safe_psql('postgres', $_[0]) }
-
-sub failures { return scalar(grep { !$_ } Test::More->builder->summary) }
-
-sub wait_for {
-	my ($what, $timeout, $check) = @_;
-	my $deadline = time + $timeout;
-	while (time < $deadline) {
-		my $ok = eval { $check->() };
-		return 1 if $ok;
-		sleep 0.02;
-	}
-	diag("timed out after ${timeout}s waiting for: $what");
-	return 0;
-}
-
-sub key_of { return sql("SELECT billguard.idempotency_key('$_[0]', '$_[1]')") }
-
-sub status_of {
-	my ($customer, $period) = @_;
-	return sql("SELECT status FROM billguard.billing_records WHERE customer_id = '$customer' AND billing_period = '$period'");
-}
-
-sub bill {
-	my ($customer, $period) = @_;
-	return sql("SELECT status FROM billguard.bill_customer('$customer', '$period')");
-}
-
-sub ledger_for_key {
-	my ($key) = @_;
-	return [ grep { ($_->{idempotency_key} // '') eq $key || ($_->{metadata}{billguard_key} // '') eq $key }
-		  @{ $emulator->ledger } ];
-}
-
-sub succeeded_for_key {
-	return [ grep { ($_->{status} // '') eq 'succeeded' } @{ ledger_for_key($_[0]) } ];
-}
-
-sub events_of {
-	my ($customer, $period) = @_;
-	return sql(qq{
-		SELECT string_agg(event_type || coalesce('(' || (event ->> 'action') || ')', '')
-		                  || coalesce('(' || (event ->> 'replayed') || ')', ''), ',' ORDER BY seq_nr)
-		  FROM billguard.journal WHERE persistence_id = 'billing-$customer-$period'});
-}
-
-sub set_rate {
-	my ($rate) = @_;
-	sql(defined $rate ? "ALTER SYSTEM SET billguard.max_requests_per_second = $rate"
-		: "ALTER SYSTEM RESET billguard.max_requests_per_second");
-	sql('SELECT pg_reload_conf()');
-	sleep 0.3;    # the dispatcher rereads the file when the SIGHUP wakes it
-}
-
-sub explain_case {
-	my ($customer, $period, $key) = @_;
-	my $json = JSON::PP->new->canonical;
-	diag("---- diagnostics for $customer/$period key $key");
-	diag('record: ' . (eval { sql(qq{
-		SELECT row_to_json(r) FROM billguard.billing_records r
-		 WHERE customer_id = '$customer' AND billing_period = '$period'}) } // "unavailable: $@"));
-	diag("journal:\n" . (eval { sql(qq{
-		SELECT seq_nr || ' ' || event_type || ' ' || event::text FROM billguard.journal
-		 WHERE persistence_id = 'billing-$customer-$period' ORDER BY seq_nr}) } // "unavailable: $@"));
-	diag('emulator ledger for the key: ' . $json->encode(eval { ledger_for_key($key) } // []));
-	diag('emulator stats: ' . $json->encode(eval { $emulator->stats } // {}));
-	my $log = eval { slurp_file($node->logfile) } // '';
-	my @lines = grep { /^\d{4}-\d\d-\d\d / && /billguard dispatcher|terminated|recovery|ready to accept|ERROR|FATAL|PANIC/ && !/statement:/ }
-	  split /\n/, $log;
-	splice(@lines, 0, @lines - 30) if @lines > 30;
-	diag("server log (last 30 relevant lines):\n" . join("\n", @lines));
-	my @requests = split /\n/, (eval { slurp_file($emulator_log) } // '');
-	@requests = grep { m{ /v1/} } @requests;
-	splice(@requests, 0, @requests - 15) if @requests > 15;
-	diag("emulator requests (last 15):\n" . join("\n", @requests));
-	return;
-}
-
-# A psql session that waits for the record to be claimed, then holds its row
-# lock in an open transaction, so the dispatcher blocks before recording.
-sub start_row_lock {
-	my ($customer, $period) = @_;
-	my %s = (in => '', out => '', err => '');
-	$s{handle} = IPC::Run::start(
-		[ 'psql', '-XAtq', '-v', 'ON_ERROR_STOP=1', '-d', $node->connstr('postgres') ],
-		'<', \$s{in}, '>', \$s{out}, '2>', \$s{err});
-	$s{in} .= "SELECT 'PID:' || pg_backend_pid();\n";
-	wait_for('the row-lock session to connect', 20, sub { $s{handle}->pump_nb; $s{out} =~ /PID:(\d+)/ })
-	  or die "row-lock session did not start: $s{err}";
-	($s{pid}) = $s{out} =~ /PID:(\d+)/;
-	my $where = "customer_id = '$customer' AND billing_period = '$period'";
-	$s{in} .= "BEGIN;\n"
-	  . "DO \$\$BEGIN FOR i IN 1..4000 LOOP "
-	  . "EXIT WHEN (SELECT status FROM billguard.billing_records WHERE $where) = 'dispatching'; "
-	  . "PERFORM pg_sleep(0.005); END LOOP; END\$\$;\n"
-	  . "SELECT 'LOCKED:' || status || ':' || attempts FROM billguard.billing_records WHERE $where FOR UPDATE;\n";
-	$s{handle}->pump_nb;
-	return \%s;
-}
-
-sub row_lock_taken {
-	my ($s) = @_;
-	wait_for('the row lock', 30, sub { $s->{handle}->pump_nb; $s->{out} =~ /LOCKED:/ })
-	  or return "not taken ($s->{err})";
-	my ($seen) = $s->{out} =~ /LOCKED:(\S+)/;
-	return $seen;
-}
-
-sub end_row_lock {
-	my ($s) = @_;
-	eval { $s->{handle}->kill_kill(grace => 1) };
-	eval { $s->{handle}->finish };
-	return;
-}
-
-sub dispatcher_blocked_by {
-	my ($holder_pid) = @_;
-	return sql(qq{
-		SELECT a.query FROM pg_stat_activity a
-		 WHERE a.backend_type = 'billguard dispatcher' AND a.wait_event_type = 'Lock'
-		   AND $holder_pid = ANY (pg_blocking_pids(a.pid))});
-}
+# What explain_case shows of the server and emulator logs.
+my @explain = (
+	log_match => qr/billguard dispatcher|terminated|recovery|ready to accept|ERROR|FATAL|PANIC/,
+	log_heading => 'server log (last 30 relevant lines)',
+	emulator_log => $emulator_log);
 
 # The parameters billguard sent for an object, to re-send them by hand.
 sub params_of {
@@ -180,34 +62,34 @@ my $control_created_at = time;
 # ---- found: the charge exists, its key is pruned, the record is dispatching ----
 
 my ($customer, $decoy, $period) = ('cust_000001', 'cust_000002', '2026-09');
-my $key = key_of($customer, $period);
+my $key = key_of($node, $customer, $period);
 my $failed = failures();
 
 # The decoy leaves a warm keep-alive connection in the dispatcher, so the
 # charge goes out on a reused connection and libcurl re-sends it by itself
 # when the connection dies; two drops leave the worker with no answer at all.
-is(bill($decoy, $period), 'initiated', 'found: decoy initiated');
-ok(wait_for('decoy completed', 20, sub { status_of($decoy, $period) eq 'completed' }), 'found: decoy charged');
+is(bill($node, $decoy, $period), 'initiated', 'found: decoy initiated');
+ok(wait_for('decoy completed', 20, sub { status_of($node, $decoy, $period) eq 'completed' }), 'found: decoy charged');
 
 $emulator->configure(latency_ms => 1000);
 my $before = $emulator->stats;
 $emulator->add_fault(kind => 'commit_then_drop', count => 2);
-my $lock = start_row_lock($customer, $period);
-is(bill($customer, $period), 'initiated', 'found: billing initiated');
+my $lock = start_row_lock($node, $customer, $period);
+is(bill($node, $customer, $period), 'initiated', 'found: billing initiated');
 is(row_lock_taken($lock), 'dispatching:1', 'found: row lock taken while the first attempt is in flight');
-ok(wait_for('the charge at the emulator', 15, sub { @{ succeeded_for_key($key) } == 1 }),
+ok(wait_for('the charge at the emulator', 15, sub { @{ succeeded_for_key($emulator, $key) } == 1 }),
 	'found: the emulator committed the charge');
 my $blocked = '';
-ok(wait_for('the dispatcher blocked on the row lock', 15, sub { ($blocked = dispatcher_blocked_by($lock->{pid})) ne '' }),
+ok(wait_for('the dispatcher blocked on the row lock', 15, sub { ($blocked = dispatcher_blocked_by($node, $lock->{pid})) ne '' }),
 	'found: the dispatcher is blocked on the row lock');
 like($blocked, qr/billguard\.record_transport_error\(/, 'found: blocked recording a transport error (no answer reached it)');
 $emulator->configure(latency_ms => 0);
 my $at_crash = $emulator->stats;
 is($at_crash->{faults_applied} - $before->{faults_applied}, 2, 'found: both drops took effect');
-my $original = succeeded_for_key($key);
+my $original = succeeded_for_key($emulator, $key);
 my $original_id = @$original ? $original->[0]{id} : '(none)';
 my $charged_at = time;
-is(status_of($customer, $period), 'dispatching', 'found: the record is dispatching when the server crashes');
+is(status_of($node, $customer, $period), 'dispatching', 'found: the record is dispatching when the server crashes');
 
 $node->stop('immediate');
 end_row_lock($lock);
@@ -221,32 +103,32 @@ sleep $pause if $pause > 0;
 my $control_late = $emulator->post_form('/v1/payment_intents', $control_params, idempotency_key => $control_key);
 is($control_late->{status}, 200, 'control: after the TTL the POST with the used key succeeds');
 isnt($control_late->{json}{id}, $control_first->{json}{id}, 'control: ... and creates a NEW object');
-is(scalar(@{ succeeded_for_key($control_key) }), 2,
+is(scalar(@{ succeeded_for_key($emulator, $control_key) }), 2,
 	'control: the emulator now holds two succeeded charges for one key (what a naive re-send does)');
 cmp_ok(time - $control_created_at, '>', $ttl, 'control: the control key is past the TTL');
 
 my $stats_before_start = $emulator->stats;
 $node->start;
-ok(wait_for("$customer/$period settled", 30, sub { status_of($customer, $period) eq 'completed' }),
+ok(wait_for("$customer/$period settled", 30, sub { status_of($node, $customer, $period) eq 'completed' }),
 	'found: the record is completed after the restart');
-is(scalar(@{ succeeded_for_key($key) }), 1, 'found: the emulator still holds exactly ONE succeeded charge for the key');
-is(scalar(@{ ledger_for_key($key) }), 1, 'found: and exactly one object of any status');
-is(sql("SELECT charge_id FROM billguard.billing_records WHERE customer_id = '$customer' AND billing_period = '$period'"),
+is(scalar(@{ succeeded_for_key($emulator, $key) }), 1, 'found: the emulator still holds exactly ONE succeeded charge for the key');
+is(scalar(@{ ledger_for_key($emulator, $key) }), 1, 'found: and exactly one object of any status');
+is(q1($node, "SELECT charge_id FROM billguard.billing_records WHERE customer_id = '$customer' AND billing_period = '$period'"),
 	$original_id, 'found: the record carries the original charge id');
-is(sql(qq{SELECT string_agg((event ->> 'charge_id') || '/' || (event ->> 'via'), ',') FROM billguard.journal
+is(q1($node, qq{SELECT string_agg((event ->> 'charge_id') || '/' || (event ->> 'via'), ',') FROM billguard.journal
 	WHERE persistence_id = 'billing-$customer-$period' AND event_type = 'ChargeReconciled'}),
 	"$original_id/search", 'found: one ChargeReconciled event with the original id, via search');
-is(events_of($customer, $period),
+is(event_types($node, $customer, $period, 'action', 'replayed'),
 	'BillingInitiated,ChargeAttempted(charge),ChargeAttempted(search),ChargeReconciled',
 	'found: journal: the interrupted charge, then a search that reconciled');
-is(sql("SELECT billguard.entity_state('billing-$customer-$period') ->> 'status' || '/' || (billguard.entity_state('billing-$customer-$period') ->> 'charge_id')"),
+is(q1($node, "SELECT billguard.entity_state('billing-$customer-$period') ->> 'status' || '/' || (billguard.entity_state('billing-$customer-$period') ->> 'charge_id')"),
 	"completed/$original_id", 'found: the folded entity state is completed with the original id');
 my $after = $emulator->stats;
 is($after->{created} - $stats_before_start->{created}, 0, 'found: nothing was created at the emulator after the restart');
 my @since = grep { m{ /v1/} } split /\n/, slurp_file($emulator_log);
 note("emulator requests so far:\n" . join("\n", @since));
 ok((grep { m{^GET /v1/payment_intents/search } } @since) >= 1, 'found: the dispatcher searched at the emulator');
-explain_case($customer, $period, $key) if failures() > $failed;
+explain_case($node, $emulator, $customer, $period, $key, @explain) if failures() > $failed;
 
 # What the search prevented: billguard's own key and parameters, sent again
 # now, make a second charge at the emulator.
@@ -257,45 +139,45 @@ is($naive->{status} // '', 200, "control: billguard's stored key and parameters,
 isnt($naive->{headers}{'idempotent-replayed'} // '', 'true', 'control: ... not as a replay');
 isnt($naive->{json}{id} // $original_id, $original_id,
 	"control: ... but as a second charge: what a re-send without the search would have done");
-is(scalar(@{ succeeded_for_key($key) }), 2, 'control: (the emulator holds two after that naive re-send)');
+is(scalar(@{ succeeded_for_key($emulator, $key) }), 2, 'control: (the emulator holds two after that naive re-send)');
 
 # ---- absent: claimed, never sent, past the window ------------------------------
 
 my ($customer2, $decoy2, $period2) = ('cust_000003', 'cust_000004', '2026-10');
-my $key2 = key_of($customer2, $period2);
+my $key2 = key_of($node, $customer2, $period2);
 $failed = failures();
 
 # At 0.1 requests per second the row claimed after the decoy waits ~10 s.
-set_rate(0.1);
-is(bill($decoy2, $period2), 'initiated', 'absent: decoy initiated');
-ok(wait_for('decoy completed', 20, sub { status_of($decoy2, $period2) eq 'completed' }), 'absent: decoy charged');
+set_rate($node, 0.1);
+is(bill($node, $decoy2, $period2), 'initiated', 'absent: decoy initiated');
+ok(wait_for('decoy completed', 20, sub { status_of($node, $decoy2, $period2) eq 'completed' }), 'absent: decoy charged');
 my $requests_before = $emulator->stats->{requests};
-is(bill($customer2, $period2), 'initiated', 'absent: billing initiated');
-ok(wait_for('claimed', 10, sub { status_of($customer2, $period2) eq 'dispatching' }), 'absent: the record is claimed');
-set_rate(undef);
-is(scalar(@{ ledger_for_key($key2) }), 0, 'absent: the emulator has no object for the key before the crash');
+is(bill($node, $customer2, $period2), 'initiated', 'absent: billing initiated');
+ok(wait_for('claimed', 10, sub { status_of($node, $customer2, $period2) eq 'dispatching' }), 'absent: the record is claimed');
+set_rate($node, undef);
+is(scalar(@{ ledger_for_key($emulator, $key2) }), 0, 'absent: the emulator has no object for the key before the crash');
 is($emulator->stats->{requests}, $requests_before, 'absent: and received no request since the decoy');
 $node->stop('immediate');
 sleep 1.5;    # past billguard.idempotency_window (1 s) since the first dispatch
 $node->start;
-ok(wait_for("$customer2/$period2 settled", 30, sub { status_of($customer2, $period2) eq 'completed' }),
+ok(wait_for("$customer2/$period2 settled", 30, sub { status_of($node, $customer2, $period2) eq 'completed' }),
 	'absent: the record is completed after the restart');
-my $charges2 = succeeded_for_key($key2);
+my $charges2 = succeeded_for_key($emulator, $key2);
 is(scalar(@$charges2), 1, 'absent: exactly one succeeded charge for the key');
-is(sql("SELECT charge_id FROM billguard.billing_records WHERE customer_id = '$customer2' AND billing_period = '$period2'"),
+is(q1($node, "SELECT charge_id FROM billguard.billing_records WHERE customer_id = '$customer2' AND billing_period = '$period2'"),
 	(@$charges2 ? $charges2->[0]{id} : '(none)'), 'absent: the record carries its id');
 is($charges2->[0]{idempotency_key} // '', $key2, 'absent: sent with the stored key');
-is(events_of($customer2, $period2),
+is(event_types($node, $customer2, $period2, 'action', 'replayed'),
 	'BillingInitiated,ChargeAttempted(charge),ChargeAttempted(search),BillingCompleted(false)',
 	'absent: journal: claim, crash, search found nothing, one charge');
-explain_case($customer2, $period2, $key2) if failures() > $failed;
+explain_case($node, $emulator, $customer2, $period2, $key2, @explain) if failures() > $failed;
 
 # ---- nobody else was charged twice ----------------------------------------------
 
 my $by_key = charges_by_key($emulator);
 my @doubles = grep { $_ ne $key && $_ ne $control_key && @{ $by_key->{$_} } != 1 } sort keys %$by_key;
 is(join(',', @doubles), '', 'no other key has more than one succeeded charge');
-is(sql(q{SELECT string_agg(status || '=' || n, ',') FROM
+is(q1($node, q{SELECT string_agg(status || '=' || n, ',') FROM
 	(SELECT status, count(*) n FROM billguard.billing_records GROUP BY 1 ORDER BY 1) s}),
 	'completed=4', 'all four records completed');
 

@@ -30,57 +30,11 @@ use Test::More;
 use Time::HiRes qw(sleep time);
 use JSON::PP;
 use BillguardTest;
+use DispatchScenario;
 
-# ---- local helpers -----------------------------------------------------------
+# ---- local helpers (shared ones: DispatchScenario) ---------------------------
 
-sub q1 { my ($node, $sql) = @_; return $node->safe_psql('postgres', $sql) }
-
-# Polls $code until it returns true or $timeout seconds pass; returns the
-# elapsed time on success, undef on timeout.
-sub poll_until {
-	my ($timeout, $code, $interval) = @_;
-	my $start = time;
-	while (time - $start < $timeout) {
-		return time - $start if $code->();
-		sleep($interval // 0.05);
-	}
-	return $code->() ? time - $start : undef;
-}
-
-# The event types of one billing entity, in seq_nr order, comma-separated.
-sub event_types {
-	my ($node, $customer, $period) = @_;
-	return q1($node, qq{
-		SELECT string_agg(event_type, ',' ORDER BY seq_nr) FROM billguard.journal
-		 WHERE persistence_id = 'billing-$customer-$period'});
-}
-
-# The events of one type of one entity, decoded, in seq_nr order.
-sub events_of {
-	my ($node, $customer, $period, $type) = @_;
-	my $rows = q1($node, qq{
-		SELECT event::text FROM billguard.journal
-		 WHERE persistence_id = 'billing-$customer-$period' AND event_type = '$type' ORDER BY seq_nr});
-	return [ map { decode_json($_) } grep { length } split /\n/, $rows ];
-}
-
-sub key_of { my ($node, $customer, $period) = @_;
-	return q1($node, "SELECT billguard.idempotency_key('$customer', '$period')") }
-
-# Ledger objects (any status) carrying $key as Idempotency-Key or metadata.
-sub ledger_for_key {
-	my ($emulator, $key) = @_;
-	return [ grep { ($_->{idempotency_key} // '') eq $key || ($_->{metadata}{billguard_key} // '') eq $key }
-		@{ $emulator->ledger } ];
-}
-
-sub reload_with {
-	my ($node, %settings) = @_;
-	q1($node, join('; ', map { "ALTER SYSTEM SET billguard.$_ = '$settings{$_}'" } sort keys %settings));
-	q1($node, 'SELECT pg_reload_conf()');
-	sleep 0.3;    # the dispatcher picks SIGHUP up in its next loop
-}
-
+# Inserts one active account $customer (stripe customer cus_<customer>).
 sub add_account {
 	my ($node, $customer, $amount, $pm) = @_;
 	(my $cus = $customer) =~ s/[^A-Za-z0-9]//g;
@@ -111,7 +65,7 @@ my $t0 = time;
 		my $key = key_of($node, $c, $p);
 		is($emulator->add_fault(kind => 'status', status => 500, count => 1)->{json}{queued}, 1,
 			'500: one 500 fault queued');
-		is(q1($node, "SELECT status FROM billguard.bill_customer('$c', '$p')"), 'initiated', '500: billing initiated');
+		is(bill($node, $c, $p), 'initiated', '500: billing initiated');
 		ok(defined poll_until(10, sub { q1($node, "SELECT status FROM billguard.billing_records WHERE customer_id = '$c'") eq 'unknown' }),
 			'500: the record goes unknown');
 		like(q1($node, "SELECT last_error FROM billguard.billing_records WHERE customer_id = '$c'"),
@@ -155,7 +109,7 @@ my $t0 = time;
 		$emulator->configure(search_delay_ms => 2500);
 		my $replayed_before = $emulator->stats->{replayed};
 		is($emulator->add_fault(kind => 'status', status => 500, count => 1)->{json}{queued}, 1, '500, search lag: fault queued');
-		is(q1($node, "SELECT status FROM billguard.bill_customer('$c', '$p')"), 'initiated', '500, search lag: billing initiated');
+		is(bill($node, $c, $p), 'initiated', '500, search lag: billing initiated');
 		ok(wait_until_settled($node, $p, 30), '500, search lag: the record settles');
 		my $ledger = ledger_for_key($emulator, $key);
 		is(scalar(@$ledger), 1, '500, search lag: exactly one object for the key');
@@ -174,7 +128,7 @@ my $t0 = time;
 	{
 		my ($c, $p) = ('t060_402', '2030-03');
 		my $key = key_of($node, $c, $p);
-		is(q1($node, "SELECT status FROM billguard.bill_customer('$c', '$p')"), 'initiated', '402: billing initiated');
+		is(bill($node, $c, $p), 'initiated', '402: billing initiated');
 		ok(wait_until_settled($node, $p, 30), '402: the record settles');
 		my ($status, $charge, $attempts) = split /\|/, record_of($node, $c, $p), -1;
 		is($status, 'failed', '402: the record is failed');
@@ -212,7 +166,7 @@ my $t0 = time;
 		my $foreign_id = $first->{json}{id};
 		like($foreign_id, qr/^pi_/, '400: it created a PaymentIntent');
 
-		is(q1($node, "SELECT status FROM billguard.bill_customer('$c', '$p')"), 'initiated', '400: billing initiated');
+		is(bill($node, $c, $p), 'initiated', '400: billing initiated');
 		ok(wait_until_settled($node, $p, 30), '400: the record settles');
 		is(record_of($node, $c, $p), 'needs_review||1', '400: needs_review, no charge id, one attempt');
 		like(q1($node, "SELECT last_error FROM billguard.billing_records WHERE customer_id = '$c'"),
@@ -222,7 +176,7 @@ my $t0 = time;
 		is($review->[0]{type}, 'idempotency_error', 'NeedsReview: type idempotency_error');
 		is($review->[0]{http_status}, 400, 'NeedsReview: http_status 400');
 		is($emulator->stats->{idempotency_conflicts}, 1, '400: the emulator saw one idempotency conflict');
-		is(q1($node, "SELECT status FROM billguard.bill_customer('$c', '$p')"), 'in_progress',
+		is(bill($node, $c, $p), 'in_progress',
 			'400: bill_customer answers in_progress for a record under review');
 		my $requests = $emulator->stats->{requests};
 		sleep 1.5;
@@ -276,7 +230,7 @@ my $t0 = time;
 		my $replayed_before = $emulator->stats->{replayed};
 		is($emulator->add_fault(kind => 'status', status => 500, count => 1, create => JSON::PP::false)->{json}{queued}, 1,
 			'500 without creation: fault queued');
-		is(q1($node, "SELECT status FROM billguard.bill_customer('$c', '$p')"), 'initiated',
+		is(bill($node, $c, $p), 'initiated',
 			'500 without creation: billing initiated');
 		# Each cycle: settle delay (1 s), search (nothing), charge re-sent with
 		# the same key, the cached 500 replayed, unknown again.
@@ -305,7 +259,7 @@ my $t0 = time;
 		is(scalar(@{ ledger_for_key($emulator, $key) }), 0, '500 without creation: no object exists at the emulator');
 		is(scalar(grep { ($_->{metadata}{customer_id} // '') eq $c || ($_->{customer} // '') eq 'cus_t060500nc' } @{ $emulator->ledger }), 0,
 			'500 without creation: nothing for the customer under any key');
-		is(q1($node, "SELECT status FROM billguard.bill_customer('$c', '$p')"), 'in_progress',
+		is(bill($node, $c, $p), 'in_progress',
 			'500 without creation: bill_customer answers in_progress');
 		my $requests = $emulator->stats->{requests};
 		sleep 1.5;

@@ -12,11 +12,10 @@ use Test::More;
 use Time::HiRes qw(sleep time);
 use JSON::PP;
 use BillguardTest;
+use DispatchScenario;
 
 my $accounts = 24;
 my $period = '2030-07';
-
-sub q1 { my ($node, $sql) = @_; return $node->safe_psql('postgres', $sql) }
 
 # True while $pid is a live process (a zombie waiting to be reaped is gone).
 sub alive {
