@@ -20,14 +20,18 @@ our @EXPORT = qw(billguard_node add_accounts start_gate release_gate race_psql f
   succeeded_charges charges_by_key record_of set_api_key);
 
 # A started node with billguard preloaded and created in database postgres.
+# $before_start, if given, runs with the initialised node before it starts
+# and returns more postgresql.conf lines.
 sub billguard_node {
 	my ($name, @conf) = @_;
+	my $before_start = ref $conf[0] eq 'CODE' ? shift @conf : sub { () };
 	my $node = PostgreSQL::Test::Cluster->new($name);
 	$node->init;
 	$node->append_conf('postgresql.conf', join("\n",
 		"shared_preload_libraries = 'billguard'",
 		"fsync = off",
 		"max_connections = 50",
+		$before_start->($node),
 		@conf));
 	$node->start;
 	$node->safe_psql('postgres', 'CREATE EXTENSION billguard');
@@ -57,24 +61,17 @@ sub set_api_key {
 # extension created. @conf lines override the test defaults.
 sub dispatch_node {
 	my ($name, $emulator, @conf) = @_;
-	my $node = PostgreSQL::Test::Cluster->new($name);
-	$node->init;
-	my $key_file = set_api_key($node, $StripeEmulatorHarness::DEFAULT_API_KEY);
-	$node->append_conf('postgresql.conf', join("\n",
-		"shared_preload_libraries = 'billguard'",
-		"fsync = off",
-		"max_connections = 50",
-		"billguard.database = 'postgres'",
-		"billguard.api_base = '" . $emulator->url('') . "'",
-		"billguard.api_key_file = '$key_file'",
-		"billguard.max_requests_per_second = 2000",
-		"billguard.max_inflight = 32",
-		"billguard.poll_interval = '200ms'",
-		"billguard.request_timeout = '5s'",
-		@conf));
-	$node->start;
-	$node->safe_psql('postgres', 'CREATE EXTENSION billguard');
-	return $node;
+	return billguard_node($name, sub {
+		my ($node) = @_;
+		my $key_file = set_api_key($node, $StripeEmulatorHarness::DEFAULT_API_KEY);
+		return ("billguard.database = 'postgres'",
+			"billguard.api_base = '" . $emulator->url('') . "'",
+			"billguard.api_key_file = '$key_file'",
+			"billguard.max_requests_per_second = 2000",
+			"billguard.max_inflight = 32",
+			"billguard.poll_interval = '200ms'",
+			"billguard.request_timeout = '5s'");
+	}, @conf);
 }
 
 # Waits until no record of the period is pending, dispatching or unknown.
