@@ -24,10 +24,12 @@
 --      completed + ChargeReconciled; not found -> 'charge' and the record
 --      keeps its attempt; error -> unknown with a backoff; 401 -> paused;
 --      stale.
+--  release_claim  an unsent claim goes back (pending, or unknown for a
+--      search), the attempt not counted; stale otherwise.
 --  retry_record / resolve_record  allowed statuses, 22023 / P0002
 --      otherwise, events RecordRequeued / ReviewResolved.
 BEGIN;
-SELECT plan(164);
+SELECT plan(171);
 
 -- Other suites' rows (if any) must not be claimed here.
 UPDATE billguard.billing_records SET next_attempt_at = 'infinity'
@@ -43,6 +45,7 @@ SELECT 't10_' || n, 'cus_t10_' || n, 1000 + row_number() OVER (), CASE WHEN n = 
     'srtrue', 'srfalse', 'sr500false', 'r502html', 'stale',
     'net', 'netlast', 'netstale',
     'sfound', 'sproc', 'spaid', 'snone', 'sother', 'sdeclined', 'serr', 'shtml', 's401', 'sstale',
+    'rel_charge', 'rel_search', 'rel_stale',
     'rt_failed', 'rt_review', 'rt_pending', 'rt_completed', 'rt_unknown', 'rt_dispatching', 'rt_blocked',
     'rs_review', 'rs_failed', 'rs_unknown', 'rs_pending', 'rs_completed', 'rs_dispatching', 'rs_blocked'
   ]) AS n;
@@ -467,6 +470,25 @@ SELECT is(billguard.record_search_result(pg_temp.t10_dispatching('s401', 2), 2, 
           'paused', 'search answered 401: paused');
 SELECT results_eq($$SELECT status, attempts, next_attempt_at FROM pg_temp.t10_r('s401')$$,
                   $$VALUES ('unknown', 1, now())$$, 'search 401: unknown again, due now, the attempt not counted');
+
+------------------------------------------------------------------------------
+-- release_claim(key, attempt, search): a claim the dispatcher never sent
+-- (it paused first) goes back to the queue, the attempt not counted.
+SELECT is(billguard.release_claim(pg_temp.t10_dispatching('rel_charge', 2), 2, false), 'released',
+          'release_claim of an unsent charge: released');
+SELECT results_eq($$SELECT status, attempts, next_attempt_at, lease_expires_at FROM pg_temp.t10_r('rel_charge')$$,
+                  $$VALUES ('pending', 1, now(), NULL::timestamptz)$$,
+                  'release_claim: pending, due now, the attempt not counted, no lease');
+SELECT is(billguard.release_claim(pg_temp.t10_dispatching('rel_search', 3), 3, true), 'released',
+          'release_claim of an unsent search: released');
+SELECT results_eq($$SELECT status, attempts, next_attempt_at FROM pg_temp.t10_r('rel_search')$$,
+                  $$VALUES ('unknown', 2, now())$$, 'release_claim of a search: unknown again (searched first next time)');
+SELECT is(billguard.release_claim(pg_temp.t10_dispatching('rel_stale', 2), 1, false), 'stale',
+          'release_claim of an older attempt: stale');
+SELECT results_eq($$SELECT status, attempts FROM pg_temp.t10_r('rel_stale')$$, $$VALUES ('dispatching', 2)$$,
+                  'release_claim of an older attempt changes nothing');
+SELECT is(pg_temp.t10_nevents('rel_charge') + pg_temp.t10_nevents('rel_search') + pg_temp.t10_nevents('rel_stale'), 3::bigint,
+          'release_claim writes no event');
 
 ------------------------------------------------------------------------------
 -- retry_record(customer, period)

@@ -345,6 +345,8 @@ note(sprintf('group 1 took %.1f s', time - $t0));
 		'401: dispatch_status shows paused');
 	like(q1($node, 'SELECT pause_reason FROM billguard.dispatch_status'), qr/401/, '401: the pause reason names the 401');
 	my $sent = $emulator->stats->{requests};
+	my $claimed = q1($node, "SELECT count(*) FROM billguard.journal WHERE event_type = 'ChargeAttempted'");
+	cmp_ok($claimed, '>', $sent, "401: the pause met claimed records not yet sent ($claimed claimed, $sent sent)");
 	sleep 1.5;
 	is($emulator->stats->{requests}, $sent, '401: nothing is sent while paused');
 	is(q1($node, "SELECT count(*) FROM billguard.billing_records WHERE status IN ('failed', 'needs_review', 'completed')"),
