@@ -97,7 +97,7 @@ BEGIN
                                        ARRAY['needs_review', 'failed', 'unknown'], 'resolved');
   UPDATE billguard.billing_records r
      SET status = 'completed', charge_id = resolve_record.charge_id, completed_at = now(),
-         updated_at = now()
+         last_error = NULL, updated_at = now()
    WHERE r.idempotency_key = rec.idempotency_key;
   PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'ReviewResolved',
     jsonb_build_object('charge_id', resolve_record.charge_id, 'previous_status', rec.status,
