@@ -207,7 +207,9 @@ class Dispatcher {
     if (done.searching) {
       outcome = RecordSearchResult(done.claimed, response.status, response.body);
       if (outcome == "charge") {
-        Send(std::move(done.claimed), false);  // not found: send now, same key
+        // Not found: send the charge next, same key, paced like any request.
+        done.claimed.search_first = false;
+        ready_.push_front(std::move(done.claimed));
         return;
       }
     } else if (response.status == 0) {
@@ -224,7 +226,6 @@ class Dispatcher {
       Log(who + " is " + outcome + " after HTTP " + std::to_string(response.status) +
           (response.status == 0 ? " (" + response.transport_error + ")" : ""));
     }
-    if (outcome == "charge" || outcome == "retry") maybe_due_ = true;
   }
 
   int PollMilliseconds() const {
