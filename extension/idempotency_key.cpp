@@ -1,5 +1,6 @@
-// SQL functions billguard.idempotency_key(customer_id, billing_period, namespace)
-// and billguard.key_namespace() (the default namespace).
+// SQL functions billguard.idempotency_key(customer_id, billing_period, namespace),
+// billguard.key_namespace() (the default namespace) and
+// billguard.is_billing_period(text).
 #include "key_derivation.hpp"
 #include "module.hpp"
 #include "sql_values.hpp"
@@ -7,6 +8,7 @@
 extern "C" {
 PG_FUNCTION_INFO_V1(billguard_idempotency_key);
 PG_FUNCTION_INFO_V1(billguard_key_namespace);
+PG_FUNCTION_INFO_V1(billguard_is_billing_period);
 }
 
 // IMMUTABLE STRICT PARALLEL SAFE: the key depends on its three arguments only.
@@ -26,5 +28,12 @@ extern "C" Datum billguard_idempotency_key(PG_FUNCTION_ARGS) {
 extern "C" Datum billguard_key_namespace(PG_FUNCTION_ARGS) {
   return billguard::GuardedCall("key_namespace", [&]() -> Datum {
     return billguard::TextDatum(billguard::settings::key_namespace);
+  });
+}
+
+// The period rule of idempotency_key(), for CHECK constraints and SQL.
+extern "C" Datum billguard_is_billing_period(PG_FUNCTION_ARGS) {
+  return billguard::GuardedCall("is_billing_period", [&]() -> Datum {
+    return BoolGetDatum(billguard::IsValidBillingPeriod(billguard::TextArgument(fcinfo, 0)));
   });
 }

@@ -20,10 +20,11 @@ CREATE FUNCTION billguard.wake_dispatcher() RETURNS void
 COMMENT ON FUNCTION billguard.wake_dispatcher() IS
   'Wakes the dispatcher when the current transaction commits (no-op unless billguard is preloaded).';
 
--- SQL mirror of the C++ period check, for constraints and argument checks.
+-- The same period rule idempotency_key() applies (key_derivation.cpp), for
+-- constraints and argument checks: one definition of a valid YYYY-MM.
 CREATE FUNCTION billguard.is_billing_period(billing_period text) RETURNS boolean
-  LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-  RETURN billing_period ~ '^(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])$';
+  LANGUAGE c IMMUTABLE STRICT PARALLEL SAFE
+  AS 'MODULE_PATHNAME', 'billguard_is_billing_period';
 
 -- Raises 22023 unless billing_period is a valid YYYY-MM; the one place the
 -- message is worded.
