@@ -3,65 +3,107 @@
 #   make test                 install dependencies, build, run every test suite
 #   make demo                 a throwaway cluster billing a real period end to end
 #   make bench                benchmarks, each printed as a ratio to its baseline
+#   make check-style          the house rules: clang-format, no PostgreSQL in common/
 
 EXTENSION  = billguard
-EXTVERSION = 0.1.0
+# The one version source: the control file, META.json and the C++ (EXTVERSION)
+# are made from it.
+EXTVERSION = 0.2.0
+
 MODULE_big = billguard
 OBJS = \
 	extension/module.o \
 	extension/pg_boundary.o \
 	extension/shared_state.o \
 	extension/dispatcher_wakeup.o \
-	extension/key_derivation.o \
 	extension/idempotency_key.o \
 	extension/journal_events.o \
-	extension/api_base.o \
-	extension/api_key.o \
-	extension/http_client.o \
-	extension/stripe_request.o \
 	extension/spi_transaction.o \
 	extension/dispatch_queue.o \
 	extension/dispatcher.o \
+	extension/dispatcher_main.o \
 	extension/dispatcher_status.o
 
-# The install script is assembled from one file per concern, in name order.
+# Released scripts are frozen in sql/; the install script of the version
+# under development is assembled from sql/install/, one file per concern, in
+# name order. Every schema change since 0.1.0 ships in the upgrade script.
 SQL_PARTS  = $(sort $(wildcard sql/install/*.sql))
+DATA       = sql/billguard--0.1.0.sql sql/billguard--0.1.0--0.2.0.sql
 DATA_built = sql/billguard--$(EXTVERSION).sql
 
-PG_CXXFLAGS = -std=c++17 -fno-omit-frame-pointer -Wno-register -Wno-missing-field-initializers
-PG_CPPFLAGS = -Iextension
-SHLIB_LINK  = -lcurl -lcrypto -lstdc++
+WARNINGS    = -Wall -Wextra -Werror
+PG_CXXFLAGS = -std=c++17 -fno-omit-frame-pointer $(WARNINGS) -Wno-register -Wno-missing-field-initializers
+# PostgreSQL's headers are system headers to us: -Werror applies to our code.
+PG_CPPFLAGS = -isystem $(shell $(PG_CONFIG) --includedir-server) -Iextension -Icommon \
+	-DEXTVERSION=\"$(EXTVERSION)\"
+SHLIB_LINK  = .build/common/libbillguard_common.a -lcurl -lcrypto -lstdc++
 
 # Debian's PGXS also emits LLVM bitcode for JIT inlining; clang needs the
 # same language standard as g++ for our C++17 sources.
 COMPILE.cxx.bc = $(CLANG) -xc++ -std=c++17 -Wno-register -Wno-ignored-attributes $(BITCODE_CXXFLAGS) $(CPPFLAGS) -flto=thin -emit-llvm -c
 
-UNIT_TESTS  = test/unit/key_derivation_test test/unit/dispatch_units_test
-EXTRA_CLEAN = $(UNIT_TESTS)
+EXTRA_CLEAN = .build $(EXTENSION).control META.json
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
 ifneq ($(PGXS),)
 include $(PGXS)
-else ifeq ($(filter test demo bench deps,$(MAKECMDGOALS)),)
+else ifeq ($(filter test demo bench deps check-style,$(MAKECMDGOALS)),)
 $(error pg_config not found: install postgresql-server-dev-15, or run `make deps`)
 endif
 
 sql/billguard--$(EXTVERSION).sql: $(SQL_PARTS)
 	cat $(SQL_PARTS) > $@
 
-test/unit/key_derivation_test: test/unit/key_derivation_test.cpp extension/key_derivation.cpp extension/key_derivation.hpp
-	$(CXX) -std=c++17 -O2 -Wall -Wextra -Iextension -o $@ test/unit/key_derivation_test.cpp extension/key_derivation.cpp -lcrypto
+$(EXTENSION).control: $(EXTENSION).control.in Makefile
+	sed 's/@EXTVERSION@/$(EXTVERSION)/g' $< > $@
 
-.PHONY: test demo bench deps unit
+META.json: META.json.in Makefile
+	sed 's/@EXTVERSION@/$(EXTVERSION)/g' $< > $@
+all: META.json
+
+# common/: the pure C++ shared by the extension, the proxy and the unit tests
+# (no PostgreSQL header), as a static library. The unit tests link a second
+# build of it with AddressSanitizer and UndefinedBehaviorSanitizer.
+COMMON_SRCS = $(sort $(wildcard common/*.cpp))
+COMMON_CXXFLAGS = -std=c++17 -O2 -g -fPIC -fno-omit-frame-pointer $(WARNINGS) -Icommon -MMD -MP
+SANITIZE = -fsanitize=address,undefined -fno-sanitize-recover=all
+
+.build/common/%.o: common/%.cpp
+	@mkdir -p $(@D)
+	$(CXX) $(COMMON_CXXFLAGS) -c -o $@ $<
+.build/common/libbillguard_common.a: $(COMMON_SRCS:common/%.cpp=.build/common/%.o)
+	$(AR) rcs $@ $^
+.build/asan/common/%.o: common/%.cpp
+	@mkdir -p $(@D)
+	$(CXX) $(COMMON_CXXFLAGS) $(SANITIZE) -c -o $@ $<
+.build/asan/common/libbillguard_common.a: $(COMMON_SRCS:common/%.cpp=.build/asan/common/%.o)
+	$(AR) rcs $@ $^
+$(shlib): .build/common/libbillguard_common.a
+
+# Unit tests: each test/unit/<name>_test.cpp is one TAP-printing program,
+# built plain and sanitized; test/unit/run.t runs every one of both.
+UNIT_SRCS  = $(sort $(wildcard test/unit/*_test.cpp))
+UNIT_TESTS = $(UNIT_SRCS:test/unit/%.cpp=.build/unit/%) $(UNIT_SRCS:test/unit/%.cpp=.build/asan/unit/%)
+UNIT_LIBS  = -lcurl -lcrypto
+.build/unit/%: test/unit/%.cpp .build/common/libbillguard_common.a
+	@mkdir -p $(@D)
+	$(CXX) $(COMMON_CXXFLAGS) -o $@ $< .build/common/libbillguard_common.a $(UNIT_LIBS)
+.build/asan/unit/%: test/unit/%.cpp .build/asan/common/libbillguard_common.a
+	@mkdir -p $(@D)
+	$(CXX) $(COMMON_CXXFLAGS) $(SANITIZE) -o $@ $< .build/asan/common/libbillguard_common.a $(UNIT_LIBS)
+
+-include $(wildcard .build/*/*.d .build/*/*/*.d)
+
+.PHONY: test demo bench deps unit check-style
 deps:
 	test/install-deps.sh
 
-test/unit/dispatch_units_test: test/unit/dispatch_units_test.cpp extension/stripe_request.cpp extension/api_base.cpp extension/api_key.cpp extension/rate_pacer.hpp
-	$(CXX) -std=c++17 -O2 -Wall -Wextra -Iextension -o $@ test/unit/dispatch_units_test.cpp extension/stripe_request.cpp extension/api_base.cpp extension/api_key.cpp
-
 unit: $(UNIT_TESTS)
 	prove test/unit/
+
+check-style:
+	test/check-style.sh
 
 test:
 	test/run-all.sh

@@ -8,7 +8,9 @@ namespace billguard {
 
 namespace {
 
-std::string Seconds(int seconds) { return std::to_string(seconds) + " seconds"; }
+std::string Seconds(int seconds) {
+  return std::to_string(seconds) + " seconds";
+}
 
 std::string SingleText(const std::vector<SqlRow>& rows) {
   if (rows.empty() || rows[0].empty() || !rows[0][0]) return "";
@@ -17,10 +19,9 @@ std::string SingleText(const std::vector<SqlRow>& rows) {
 
 }  // namespace
 
-bool ExtensionInstalled() {
-  return !ExecuteInTransaction("SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'billguard'",
-                               {})
-              .empty();
+std::string InstalledExtensionVersion() {
+  return SingleText(ExecuteInTransaction(
+      "SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'billguard'", {}));
 }
 
 long RequeueAbandoned() {
@@ -54,8 +55,9 @@ std::vector<ClaimedRecord> ClaimDueRecords(int max_rows) {
   return claimed;
 }
 
-Outcome RecordChargeResponse(const ClaimedRecord& claimed, long http_status, const std::string& body,
-                             const std::string& should_retry, bool replayed) {
+Outcome RecordChargeResponse(const ClaimedRecord& claimed, long http_status,
+                             const std::string& body, const std::string& should_retry,
+                             bool replayed) {
   return SingleText(ExecuteInTransaction(
       "SELECT billguard.record_charge_response($1, $2::int, $3::int, $4, $5, $6::boolean, "
       "$7::int, $8::interval)",
@@ -66,17 +68,18 @@ Outcome RecordChargeResponse(const ClaimedRecord& claimed, long http_status, con
 }
 
 Outcome RecordTransportError(const ClaimedRecord& claimed, const std::string& message) {
-  return SingleText(ExecuteInTransaction(
-      "SELECT billguard.record_transport_error($1, $2::int, $3, $4::int)",
-      {claimed.charge.idempotency_key, std::to_string(claimed.attempt), message,
-       std::to_string(settings::max_attempts)}));
+  return SingleText(
+      ExecuteInTransaction("SELECT billguard.record_transport_error($1, $2::int, $3, $4::int)",
+                           {claimed.charge.idempotency_key, std::to_string(claimed.attempt),
+                            message, std::to_string(settings::max_attempts)}));
 }
 
-Outcome RecordSearchResult(const ClaimedRecord& claimed, long http_status, const std::string& body) {
-  return SingleText(ExecuteInTransaction(
-      "SELECT billguard.record_search_result($1, $2::int, $3::int, $4)",
-      {claimed.charge.idempotency_key, std::to_string(claimed.attempt), std::to_string(http_status),
-       body}));
+Outcome RecordSearchResult(const ClaimedRecord& claimed, long http_status,
+                           const std::string& body) {
+  return SingleText(
+      ExecuteInTransaction("SELECT billguard.record_search_result($1, $2::int, $3::int, $4)",
+                           {claimed.charge.idempotency_key, std::to_string(claimed.attempt),
+                            std::to_string(http_status), body}));
 }
 
 void ReleaseClaim(const ClaimedRecord& claimed) {

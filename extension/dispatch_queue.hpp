@@ -20,11 +20,13 @@ struct ClaimedRecord {
 // now) or "stale" (the attempt's lease was taken over).
 using Outcome = std::string;
 
-bool ExtensionInstalled();
+// The version of billguard created in this database, empty when none is.
+std::string InstalledExtensionVersion();
 long RequeueAbandoned();
 std::vector<ClaimedRecord> ClaimDueRecords(int max_rows);
-Outcome RecordChargeResponse(const ClaimedRecord& claimed, long http_status, const std::string& body,
-                             const std::string& should_retry, bool replayed);
+Outcome RecordChargeResponse(const ClaimedRecord& claimed, long http_status,
+                             const std::string& body, const std::string& should_retry,
+                             bool replayed);
 Outcome RecordTransportError(const ClaimedRecord& claimed, const std::string& message);
 Outcome RecordSearchResult(const ClaimedRecord& claimed, long http_status, const std::string& body);
 // Gives back a claimed record that was never sent.

@@ -1,24 +1,24 @@
-// The dispatcher background worker (see dispatcher.hpp).
+// The dispatcher's loop (see dispatcher.hpp).
 //
 // Crash-only: any database error ends the worker and the postmaster starts
 // it again after bgw_restart_time; rows it left 'dispatching' are re-sent
 // with their stored key. Nothing here ever computes a key.
-#include "dispatcher.hpp"
-
 #include <chrono>
 #include <deque>
 #include <string>
 #include <unordered_map>
 
 #include "api_key.hpp"
-#include "dispatch_queue.hpp"
-#include "dispatcher_wakeup.hpp"
 #include "http_client.hpp"
+#include "rate_pacer.hpp"
+#include "stripe_request.hpp"
+
+#include "dispatch_queue.hpp"
+#include "dispatcher.hpp"
+#include "dispatcher_wakeup.hpp"
 #include "module.hpp"
 #include "pg_boundary.hpp"
-#include "rate_pacer.hpp"
 #include "shared_state.hpp"
-#include "stripe_request.hpp"
 
 extern "C" {
 #include "miscadmin.h"
@@ -28,15 +28,13 @@ extern "C" {
 #include "storage/ipc.h"
 #include "storage/latch.h"
 #include "utils/guc.h"
-
-PGDLLEXPORT void billguard_dispatcher_main(Datum arg);
 }
 
 namespace billguard {
 
 namespace {
 
-constexpr const char* kUserAgent = "billguard/0.1.0 (+libcurl)";
+constexpr const char* kUserAgent = "billguard/" EXTVERSION " (+libcurl)";
 
 void Log(const std::string& message) {
   CallPostgres([&] { ereport(LOG, (errmsg("billguard dispatcher: %s", message.c_str()))); });
@@ -51,24 +49,6 @@ void PublishStatus(bool paused, const std::string& reason, int in_flight, int64 
   shared->in_flight = in_flight;
   shared->requests_sent = sent;
   SpinLockRelease(&shared->mutex);
-}
-
-void MarkRunning(int pid) {
-  SharedState* shared = Shared();
-  if (shared == nullptr) return;
-  SpinLockAcquire(&shared->mutex);
-  shared->dispatcher_pid = pid;
-  shared->dispatcher_started_at = pid != 0 ? GetCurrentTimestamp() : 0;
-  shared->in_flight = 0;
-  SpinLockRelease(&shared->mutex);
-}
-
-bool http_initialized = false;
-
-void OnDispatcherExit(int /*code*/, Datum /*arg*/) {
-  WithdrawDispatcherLatch();
-  MarkRunning(0);
-  if (http_initialized) ShutdownHttp();
 }
 
 class Dispatcher {
@@ -138,14 +118,26 @@ class Dispatcher {
     Log("paused: " + reason + "; fix it and reload the configuration (SIGHUP)");
   }
 
+  // The worker runs the SQL functions of its own version: it waits for
+  // CREATE EXTENSION, and after a new library is installed for ALTER
+  // EXTENSION billguard UPDATE, rather than call functions that differ.
   void WaitForExtension() {
-    bool logged = false;
-    while (!ShutdownRequestPending && !ExtensionInstalled()) {
-      if (!logged) Log("waiting for CREATE EXTENSION billguard in database " + std::string(settings::database));
-      logged = true;
+    std::string waiting_for;
+    while (!ShutdownRequestPending) {
+      const std::string installed = InstalledExtensionVersion();
+      if (installed == EXTVERSION) break;
+      const std::string reason =
+          installed.empty() ? "waiting for CREATE EXTENSION billguard in database " +
+                                  std::string(settings::database)
+                            : "waiting for ALTER EXTENSION billguard UPDATE: the database has " +
+                                  installed + ", the library is " EXTVERSION;
+      if (reason != waiting_for) Log(reason);
+      waiting_for = reason;
+      PublishStatus(true, reason, 0, 0);
       WaitLatchFor(settings::poll_interval_ms);
       if (ConfigReloadPending) Reload();
     }
+    PublishStatus(paused_, pause_reason_, 0, sent_);
   }
 
   // Claims as many due records as there is room for in flight, a fraction
@@ -183,7 +175,8 @@ class Dispatcher {
                        std::string("User-Agent: ") + kUserAgent};
     if (search) {
       request.post = false;
-      request.url = std::string(settings::api_base) + SearchPath(endpoint, claimed.charge.idempotency_key);
+      request.url =
+          std::string(settings::api_base) + SearchPath(endpoint, claimed.charge.idempotency_key);
     } else {
       request.url = std::string(settings::api_base) + endpoint;
       request.body = FormEncode(ChargeFields(claimed.charge, endpoint));
@@ -229,7 +222,8 @@ class Dispatcher {
   }
 
   int PollMilliseconds() const {
-    const auto until = std::chrono::duration_cast<std::chrono::milliseconds>(pacer_.UntilNext(Clock::now()));
+    const auto until =
+        std::chrono::duration_cast<std::chrono::milliseconds>(pacer_.UntilNext(Clock::now()));
     if (!ready_.empty()) return static_cast<int>(std::clamp<long>(until.count(), 0, 5));
     return 5;
   }
@@ -244,7 +238,8 @@ class Dispatcher {
       if (paused_) {
         timeout_ms = settings::poll_interval_ms;
       } else if (!ready_.empty()) {
-        timeout_ms = std::chrono::duration_cast<std::chrono::milliseconds>(pacer_.UntilNext(now)).count();
+        timeout_ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(pacer_.UntilNext(now)).count();
       } else if (!maybe_due_) {
         timeout_ms = std::max<long>(
             0, std::chrono::duration_cast<std::chrono::milliseconds>(next_poll_ - now).count());
@@ -280,45 +275,8 @@ class Dispatcher {
 
 }  // namespace
 
-void RegisterDispatcher() {
-  BackgroundWorker worker;
-  memset(&worker, 0, sizeof(worker));
-  worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-  worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-  worker.bgw_restart_time = 2;  // seconds: supervised, restarted after a crash
-  strlcpy(worker.bgw_library_name, "billguard", BGW_MAXLEN);
-  strlcpy(worker.bgw_function_name, "billguard_dispatcher_main", BGW_MAXLEN);
-  strlcpy(worker.bgw_name, "billguard dispatcher", BGW_MAXLEN);
-  strlcpy(worker.bgw_type, "billguard dispatcher", BGW_MAXLEN);
-  RegisterBackgroundWorker(&worker);
+void RunDispatcher() {
+  Dispatcher().Run();
 }
 
 }  // namespace billguard
-
-extern "C" void billguard_dispatcher_main(Datum /*arg*/) {
-  pqsignal(SIGHUP, SignalHandlerForConfigReload);
-  pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
-  BackgroundWorkerUnblockSignals();
-  BackgroundWorkerInitializeConnection(billguard::settings::database, nullptr, 0);
-  pgstat_report_appname("billguard dispatcher");
-
-  // Answers are committed without waiting for the WAL flush: one lost in a
-  // crash is re-sent with the same key and replayed by Stripe, and a
-  // single-threaded worker must not pay a disk flush per charge. Claims
-  // still flush (billguard.claim_due_records).
-  SetConfigOption("synchronous_commit", "off", PGC_USERSET, PGC_S_SESSION);
-  billguard::GuardedCall("dispatcher", [&]() -> Datum {
-    billguard::InitializeHttp();
-    billguard::http_initialized = true;
-    billguard::CallPostgres([] {
-      on_proc_exit(billguard::OnDispatcherExit, 0);
-      billguard::PublishDispatcherLatch();
-      billguard::MarkRunning(MyProcPid);
-    });
-    billguard::Dispatcher().Run();
-    return 0;
-  });
-  // Exit code 1 even after SIGTERM: the postmaster then restarts a dispatcher
-  // that was stopped alone, and does not during server shutdown.
-  proc_exit(1);
-}

@@ -1,12 +1,11 @@
 // Module initialisation: settings and, when preloaded, shared memory and the
 // background workers.
-#include "module.hpp"
-
 #include <cstring>
 
 #include "api_base.hpp"
-#include "dispatcher.hpp"
 
+#include "dispatcher.hpp"
+#include "module.hpp"
 #include "shared_state.hpp"
 
 extern "C" {
@@ -34,7 +33,7 @@ int idempotency_window_s = 23 * 3600;
 int max_attempts = 10;
 int poll_interval_ms = 1000;
 int search_settle_delay_s = 120;
-}
+}  // namespace billguard::settings
 
 namespace {
 
@@ -52,8 +51,22 @@ bool CheckKeyNamespace(char** newval, void** /*extra*/, GucSource /*source*/) {
   return true;
 }
 
+// Check hooks also run in the postmaster, where an escaping C++ exception
+// would end the server: a hook that calls C++ runs its check through this.
+template <typename Check>
+bool GuardedCheck(Check&& check) noexcept {
+  bool accepted = false;
+  try {
+    accepted = check();
+  } catch (...) {
+    accepted = false;
+  }
+  return accepted;
+}
+
 bool CheckApiBase(char** newval, void** /*extra*/, GucSource /*source*/) {
-  if (*newval == nullptr || !billguard::IsAcceptableApiBase(*newval)) {
+  const char* url = *newval;
+  if (url == nullptr || !GuardedCheck([url] { return billguard::IsAcceptableApiBase(url); })) {
     GUC_check_errdetail(
         "billguard.api_base must be an https:// URL, or http:// to a loopback address, "
         "without a trailing slash.");
@@ -63,8 +76,8 @@ bool CheckApiBase(char** newval, void** /*extra*/, GucSource /*source*/) {
 }
 
 bool CheckStripeEndpoint(char** newval, void** /*extra*/, GucSource /*source*/) {
-  if (*newval == nullptr ||
-      (std::strcmp(*newval, "/v1/payment_intents") != 0 && std::strcmp(*newval, "/v1/charges") != 0)) {
+  if (*newval == nullptr || (std::strcmp(*newval, "/v1/payment_intents") != 0 &&
+                             std::strcmp(*newval, "/v1/charges") != 0)) {
     GUC_check_errdetail("billguard.stripe_endpoint must be /v1/payment_intents or /v1/charges.");
     return false;
   }
@@ -87,7 +100,8 @@ void DefineDispatcherSettings() {
                              nullptr, &stripe_endpoint, "/v1/payment_intents", PGC_SIGHUP, 0,
                              CheckStripeEndpoint, nullptr, nullptr);
   DefineCustomStringVariable("billguard.stripe_version", "Pinned Stripe-Version header.", nullptr,
-                             &stripe_version, "2024-06-20", PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+                             &stripe_version, "2024-06-20", PGC_SIGHUP, 0, nullptr, nullptr,
+                             nullptr);
   DefineCustomIntVariable("billguard.max_inflight", "Concurrent Stripe requests.", nullptr,
                           &max_inflight, 16, 1, 1024, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
   DefineCustomRealVariable("billguard.max_requests_per_second",
@@ -95,8 +109,8 @@ void DefineDispatcherSettings() {
                            nullptr, &max_requests_per_second, 25, 0.1, 100000, PGC_SIGHUP, 0,
                            nullptr, nullptr, nullptr);
   DefineCustomIntVariable("billguard.request_timeout", "Timeout of one Stripe request.", nullptr,
-                          &request_timeout_ms, 30000, 100, 600000, PGC_SIGHUP, GUC_UNIT_MS,
-                          nullptr, nullptr, nullptr);
+                          &request_timeout_ms, 30000, 100, 600000, PGC_SIGHUP, GUC_UNIT_MS, nullptr,
+                          nullptr, nullptr);
   DefineCustomIntVariable(
       "billguard.idempotency_window",
       "How long after the first dispatch Stripe's idempotency cache is trusted.",
@@ -123,14 +137,15 @@ void DefineSettings() {
   DefineCustomStringVariable(
       "billguard.key_namespace", "Namespace hashed into every idempotency key.",
       "Keys are sha256(customer_id:billing_period:namespace); changing it changes all new keys.",
-      &billguard::settings::key_namespace, "akka-billing", PGC_SUSET, 0, CheckKeyNamespace,
-      nullptr, nullptr);
+      &billguard::settings::key_namespace, "akka-billing", PGC_SUSET, 0, CheckKeyNamespace, nullptr,
+      nullptr);
   // Read by billguard.append_event(); billing entities rarely reach it, the
   // scheduler entity does after years of periods.
-  DefineCustomIntVariable("billguard.snapshot_every",
-                          "Save a snapshot of an entity every this many appended events (0 = never).",
-                          nullptr, &billguard::settings::snapshot_every, 100, 0, 1000000, PGC_SUSET,
-                          0, nullptr, nullptr, nullptr);
+  DefineCustomIntVariable(
+      "billguard.snapshot_every",
+      "Save a snapshot of an entity every this many appended events (0 = never).", nullptr,
+      &billguard::settings::snapshot_every, 100, 0, 1000000, PGC_SUSET, 0, nullptr, nullptr,
+      nullptr);
 }
 
 }  // namespace

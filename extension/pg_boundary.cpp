@@ -10,15 +10,24 @@ extern "C" {
 
 namespace billguard {
 
-void ThrowCaughtPostgresError(MemoryContext caller_context,
-                              ErrorContextCallback* saved_context_stack,
-                              sigjmp_buf* saved_exception_stack) {
-  PG_exception_stack = saved_exception_stack;
-  error_context_stack = saved_context_stack;
+void ThrowCaughtPostgresError(const ErrorStacks& stacks, MemoryContext caller_context) {
+  // An error while copying must reach the caller's handler, not this one.
+  stacks.Restore();
   // CopyErrorData must not run in ErrorContext, which FlushErrorState resets.
   MemoryContextSwitchTo(caller_context);
-  ErrorData* data = CopyErrorData();
+  ErrorData* volatile data = nullptr;
+  // CopyErrorData allocates and may itself fail (out of memory): guarded, so
+  // that failure also becomes a C++ exception and C++ frames still unwind.
+  PG_TRY();
+  { data = CopyErrorData(); }
+  PG_CATCH();
+  {
+    MemoryContextSwitchTo(caller_context);
+    data = nullptr;
+  }
+  PG_END_TRY();
   FlushErrorState();
+  if (data == nullptr) throw std::bad_alloc();
   throw PostgresError(data);
 }
 

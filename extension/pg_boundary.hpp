@@ -17,6 +17,8 @@
 // for bad input; GuardedCall maps it to SQLSTATE 22023.
 #pragma once
 
+#include "errors.hpp"
+
 extern "C" {
 #include "postgres.h"
 #include "fmgr.h"
@@ -25,8 +27,6 @@ extern "C" {
 
 #include <exception>
 #include <type_traits>
-
-#include "errors.hpp"
 
 namespace billguard {
 
@@ -41,33 +41,40 @@ class PostgresError : public std::exception {
   ErrorData* data_;  // palloc'd in the caller's memory context
 };
 
-// Saves what PostgreSQL's error machinery needs and converts a longjmp into
-// a C++ throw. Implemented in pg_boundary.cpp so only one place touches
-// PG_exception_stack.
-[[noreturn]] void ThrowCaughtPostgresError(MemoryContext caller_context,
-                                           ErrorContextCallback* saved_context_stack,
-                                           sigjmp_buf* saved_exception_stack);
+// PostgreSQL's error stacks as they were when a CallPostgres began; restored
+// however that scope ends (normal return, a caught ERROR, a C++ exception), so
+// PG_exception_stack never points into a frame that is gone.
+class ErrorStacks {
+ public:
+  ErrorStacks() : exception_stack_(PG_exception_stack), context_stack_(error_context_stack) {}
+  ~ErrorStacks() { Restore(); }
+  ErrorStacks(const ErrorStacks&) = delete;
+  ErrorStacks& operator=(const ErrorStacks&) = delete;
+  void Restore() const {
+    PG_exception_stack = exception_stack_;
+    error_context_stack = context_stack_;
+  }
+
+ private:
+  sigjmp_buf* exception_stack_;
+  ErrorContextCallback* context_stack_;
+};
+
+// Turns the ERROR that longjmp'd to a CallPostgres into a PostgresError:
+// restores the stacks, copies the error into caller_context and throws.
+// Implemented in pg_boundary.cpp, the one place that copies error data.
+[[noreturn]] void ThrowCaughtPostgresError(const ErrorStacks& stacks, MemoryContext caller_context);
 
 // Runs `fn` (which must itself hold no C++ objects with destructors) and
 // turns a PostgreSQL ERROR inside it into a PostgresError exception.
 template <typename Fn>
 auto CallPostgres(Fn&& fn) -> decltype(fn()) {
-  sigjmp_buf* saved_exception_stack = PG_exception_stack;
-  ErrorContextCallback* saved_context_stack = error_context_stack;
+  const ErrorStacks stacks;
   MemoryContext caller_context = CurrentMemoryContext;
   sigjmp_buf local_jump;
-  if (sigsetjmp(local_jump, 0) != 0) {
-    ThrowCaughtPostgresError(caller_context, saved_context_stack, saved_exception_stack);
-  }
+  if (sigsetjmp(local_jump, 0) != 0) ThrowCaughtPostgresError(stacks, caller_context);
   PG_exception_stack = &local_jump;
-  if constexpr (std::is_void_v<decltype(fn())>) {
-    fn();
-    PG_exception_stack = saved_exception_stack;
-  } else {
-    auto result = fn();
-    PG_exception_stack = saved_exception_stack;
-    return result;
-  }
+  return fn();
 }
 
 // Why an exception escaped a guarded body, decided inside the catch blocks

@@ -43,6 +43,8 @@ void InstallSharedState() {
   shmem_startup_hook = AttachSharedState;
 }
 
-SharedState* Shared() { return shared_state; }
+SharedState* Shared() {
+  return shared_state;
+}
 
 }  // namespace billguard

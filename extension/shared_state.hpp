@@ -18,7 +18,7 @@ struct SharedState {
   slock_t mutex;
   Latch* dispatcher_latch;  // the running dispatcher's latch, or null
   // What the dispatcher reports about itself (billguard.dispatch_status).
-  int dispatcher_pid;       // 0 when it is not running
+  int dispatcher_pid;  // 0 when it is not running
   TimestampTz dispatcher_started_at;
   bool paused;
   char pause_reason[kPauseReasonSize];

@@ -42,7 +42,8 @@ SPIPlanPtr PlanFor(const char* sql, int nparams) {
   Oid* types = static_cast<Oid*>(palloc(sizeof(Oid) * (nparams > 0 ? nparams : 1)));
   for (int i = 0; i < nparams; ++i) types[i] = TEXTOID;
   SPIPlanPtr plan = SPI_prepare(sql, nparams, types);
-  if (plan == nullptr) elog(ERROR, "billguard: SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
+  if (plan == nullptr)
+    elog(ERROR, "billguard: SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
   for (auto& p : prepared) {
     if (p.sql == nullptr) {
       SPI_keepplan(plan);
@@ -80,8 +81,8 @@ CopiedResult RunStatement(const char* sql, int nparams, Datum* values, const cha
     result.rows = SPI_processed;
     result.columns = SPI_tuptable->tupdesc->natts;
     MemoryContext spi_context = MemoryContextSwitchTo(out);
-    result.cells = static_cast<char**>(
-        palloc0(sizeof(char*) * (result.rows * result.columns > 0 ? result.rows * result.columns : 1)));
+    result.cells = static_cast<char**>(palloc0(
+        sizeof(char*) * (result.rows * result.columns > 0 ? result.rows * result.columns : 1)));
     for (uint64 r = 0; r < result.rows; ++r) {
       for (int c = 0; c < result.columns; ++c) {
         result.cells[r * result.columns + c] =
@@ -105,7 +106,8 @@ std::vector<SqlRow> ExecuteInTransaction(const char* sql, const std::vector<SqlV
     MemoryContext previous = MemoryContextSwitchTo(ResultContext());
     Datum* v = static_cast<Datum*>(palloc0(sizeof(Datum) * (nparams > 0 ? nparams : 1)));
     for (int i = 0; i < nparams; ++i) {
-      if (params[i]) v[i] = PointerGetDatum(cstring_to_text_with_len(params[i]->data(), params[i]->size()));
+      if (params[i])
+        v[i] = PointerGetDatum(cstring_to_text_with_len(params[i]->data(), params[i]->size()));
     }
     MemoryContextSwitchTo(previous);
     return v;
@@ -115,7 +117,8 @@ std::vector<SqlRow> ExecuteInTransaction(const char* sql, const std::vector<SqlV
     if (!params[i]) nulls[i] = 'n';
   }
 
-  CopiedResult result = CallPostgres([&] { return RunStatement(sql, nparams, values, nulls.c_str()); });
+  CopiedResult result =
+      CallPostgres([&] { return RunStatement(sql, nparams, values, nulls.c_str()); });
 
   std::vector<SqlRow> rows;
   rows.reserve(result.rows);

@@ -6,7 +6,7 @@ packages=(
   postgresql-15 postgresql-server-dev-15 postgresql-15-pgtap
   libtap-parser-sourcehandler-pgtap-perl libipc-run-perl
   libssl-dev libcurl4-openssl-dev libpqxx-dev
-  g++ make clang-14 llvm-14 curl
+  g++ make clang-14 llvm-14 clang-format curl
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # `make test`: install dependencies, build, install, then run every suite:
-# C++ unit tests, pgTAP suites on a throwaway preloaded cluster, and the TAP
-# scenarios (races, crashes) that start clusters of their own.
+# the house rules, C++ unit tests, pgTAP suites on a throwaway preloaded
+# cluster, and the TAP scenarios (races, crashes, upgrades) that start
+# clusters of their own. TAP_TESTS="test/t/080_upgrade.pl ..." runs only those.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
 source test/prepare.sh test
-make -s test/unit/key_derivation_test test/unit/dispatch_units_test
 cleanup() {
   test/cluster.sh stop "$work/pgtap" immediate 2>/dev/null || true
   rm -rf "$work"
@@ -15,8 +15,11 @@ cleanup() {
 trap cleanup EXIT
 
 failed=0
-echo "== unit tests"
-prove test/unit/ || failed=1
+echo "== house rules (clang-format, pure C++ in common/)"
+test/check-style.sh || failed=1
+
+echo "== unit tests (plain, and with AddressSanitizer + UndefinedBehaviorSanitizer)"
+make -s unit || failed=1
 
 echo "== Stripe emulator"
 prove test/emulator/ || failed=1
@@ -45,7 +48,7 @@ run_tap() {
       prove -I "$pgxs_perl" -I "$root/test/lib" "$@"
   fi
 }
-run_tap test/t/*.pl || failed=1
+run_tap ${TAP_TESTS:-test/t/*.pl} || failed=1
 
 if [ $failed -ne 0 ]; then
   echo "FAILED: see the output above"

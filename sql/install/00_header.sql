@@ -1,2 +1,2 @@
--- billguard 0.1.0 install script, assembled from sql/install/*.sql in name order.
+-- billguard install script, assembled from sql/install/*.sql in name order.
 \echo Use "CREATE EXTENSION billguard" to load this file. \quit

@@ -122,7 +122,7 @@ CREATE FUNCTION billguard.json_or_null(body text) RETURNS jsonb
   RETURN CASE WHEN billguard.is_json(body) THEN body::jsonb END;
 
 -- What an answer from Stripe means, following Stripe's documented
--- semantics (see DESIGN.md and STRIPE.md):
+-- semantics:
 --   completed     2xx
 --   paused        401/403: the API key is wrong; pause everything, fail nothing
 --   needs_review  idempotency_error other than key-in-use: never re-sent

@@ -20,10 +20,13 @@ our @EXPORT = qw(billguard_node add_accounts start_gate release_gate race_psql f
   succeeded_charges charges_by_key record_of set_api_key);
 
 # A started node with billguard preloaded and created in database postgres.
-# $before_start, if given, runs with the initialised node before it starts
-# and returns more postgresql.conf lines.
+# Options, if the first of @conf is a hash: extension_version => '0.1.0'
+# creates that version instead of the default. $before_start, if given next,
+# runs with the initialised node before it starts and returns more
+# postgresql.conf lines.
 sub billguard_node {
 	my ($name, @conf) = @_;
+	my %options = ref $conf[0] eq 'HASH' ? %{ shift @conf } : ();
 	my $before_start = ref $conf[0] eq 'CODE' ? shift @conf : sub { () };
 	my $node = PostgreSQL::Test::Cluster->new($name);
 	$node->init;
@@ -34,7 +37,8 @@ sub billguard_node {
 		$before_start->($node),
 		@conf));
 	$node->start;
-	$node->safe_psql('postgres', 'CREATE EXTENSION billguard');
+	my $version = $options{extension_version} ? " VERSION '$options{extension_version}'" : '';
+	$node->safe_psql('postgres', "CREATE EXTENSION billguard$version");
 	return $node;
 }
 
@@ -58,10 +62,12 @@ sub set_api_key {
 }
 
 # A started node whose dispatcher charges through $emulator, with the
-# extension created. @conf lines override the test defaults.
+# extension created. @conf lines override the test defaults; an options hash
+# may come first, as for billguard_node.
 sub dispatch_node {
 	my ($name, $emulator, @conf) = @_;
-	return billguard_node($name, sub {
+	my @options = ref $conf[0] eq 'HASH' ? (shift @conf) : ();
+	return billguard_node($name, @options, sub {
 		my ($node) = @_;
 		my $key_file = set_api_key($node, $StripeEmulatorHarness::DEFAULT_API_KEY);
 		return ("billguard.database = 'postgres'",

@@ -7,7 +7,7 @@
 -- the status CHECK admits exactly the documented values; the data tables are
 -- registered for pg_dump; nothing in the schema is granted to PUBLIC.
 BEGIN;
-SELECT plan(69);
+SELECT plan(70);
 
 -- The extension and its schema.
 SELECT has_schema('billguard', 'schema billguard exists');
@@ -16,7 +16,10 @@ SELECT is((SELECT extnamespace::regnamespace::text FROM pg_extension WHERE extna
 SELECT is((SELECT extrelocatable FROM pg_extension WHERE extname = 'billguard'),
           false, 'extension billguard is not relocatable');
 SELECT is((SELECT extversion FROM pg_extension WHERE extname = 'billguard'),
-          '0.1.0', 'extension version is 0.1.0');
+          (SELECT default_version FROM pg_available_extensions WHERE name = 'billguard'),
+          'the extension is created at the default version of the control file');
+SELECT ok((SELECT array_agg(version) FROM pg_available_extension_versions WHERE name = 'billguard')
+          @> ARRAY['0.1.0', '0.2.0'], 'the released 0.1.0 is still installable, beside 0.2.0');
 SELECT throws_ok($$ALTER EXTENSION billguard SET SCHEMA public$$, '0A000', 'extension "billguard" does not support SET SCHEMA',
                  'ALTER EXTENSION billguard SET SCHEMA is refused');
 

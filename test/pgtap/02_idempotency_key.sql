@@ -12,7 +12,7 @@
 -- billguard, as the first 32 hex characters of SHA-256 of the UTF-8 bytes
 -- "<customer_id>:<billing_period>:<namespace>":
 --   printf '%s' 'cust_123:2026-08:akka-billing' | sha256sum | cut -c1-32
---     -> 0f3fe6c7ee131571ac54c216d9553542   (the DESIGN.md example)
+--     -> 0f3fe6c7ee131571ac54c216d9553542   (the example of the public contract)
 --   printf '%s' 'cust_456:2026-09:akka-billing' | sha256sum | cut -c1-32
 --     -> dcbc621235ef1fb27999f191e826e070
 --   printf '%s' 'kunde_müller_€:2026-08:akka-billing' | sha256sum | cut -c1-32

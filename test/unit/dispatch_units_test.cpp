@@ -24,7 +24,8 @@ void Ok(bool passed, const std::string& name) {
 
 void Is(const std::string& got, const std::string& expected, const std::string& name) {
   Ok(got == expected, name);
-  if (got != expected) std::printf("#   got:      %s\n#   expected: %s\n", got.c_str(), expected.c_str());
+  if (got != expected)
+    std::printf("#   got:      %s\n#   expected: %s\n", got.c_str(), expected.c_str());
 }
 
 std::string WriteFile(const std::string& content) {
@@ -53,7 +54,8 @@ billguard::ChargeRecord Record() {
 int main() {
   using billguard::FormEncode;
   Is(FormEncode({{"a", "1"}, {"b c", "x&y=z"}, {"metadata[k]", "ü~"}}),
-     "a=1&b+c=x%26y%3Dz&metadata%5Bk%5D=%C3%BC~", "form encoding escapes reserved bytes, UTF-8 and spaces");
+     "a=1&b+c=x%26y%3Dz&metadata%5Bk%5D=%C3%BC~",
+     "form encoding escapes reserved bytes, UTF-8 and spaces");
   Is(FormEncode(billguard::ChargeFields(Record(), "/v1/payment_intents")),
      "amount=4900&currency=usd&customer=cus_123&payment_method=pm_card_visa&confirm=true"
      "&off_session=true&description=billguard+cust+1%262+2026-08"
@@ -78,7 +80,8 @@ int main() {
   }
   Ok(threw, "an unknown endpoint is refused");
   Is(billguard::SearchPath("/v1/payment_intents", "abc"),
-     "/v1/payment_intents/search?query=metadata%5B%27billguard_key%27%5D%3A%27abc%27", "search path");
+     "/v1/payment_intents/search?query=metadata%5B%27billguard_key%27%5D%3A%27abc%27",
+     "search path");
 
   using billguard::IsAcceptableApiBase;
   Ok(IsAcceptableApiBase("https://api.stripe.com"), "https accepted");
@@ -110,10 +113,12 @@ int main() {
       ++started;
     }
   }
-  Ok(started >= 95 && started <= 100, "100/s paces 95..100 starts in a second (got " + std::to_string(started) + ")");
+  Ok(started >= 95 && started <= 100,
+     "100/s paces 95..100 starts in a second (got " + std::to_string(started) + ")");
   billguard::RatePacer slow(100);
   slow.SlowDown(t0);
-  Ok(slow.Rate(t0) < 50 && slow.Rate(t0 + std::chrono::seconds(10)) > 97, "a 429 halves the rate, which recovers");
+  Ok(slow.Rate(t0) < 50 && slow.Rate(t0 + std::chrono::seconds(10)) > 97,
+     "a 429 halves the rate, which recovers");
 
   std::printf("1..%d\n", test_number);
   return failures == 0 ? 0 : 1;

@@ -45,10 +45,12 @@ int main() {
      "another period gives another key");
   Ok(Key("cust_123", "2026-08", "akka-billing") == Key("cust_123", "2026-08", "akka-billing"),
      "deterministic");
-  Ok(Key("ü", "2026-08", "ns") == "25b1597e0f7b9cb77ed964319119138c", "UTF-8 bytes are hashed as-is");
+  Ok(Key("ü", "2026-08", "ns") == "25b1597e0f7b9cb77ed964319119138c",
+     "UTF-8 bytes are hashed as-is");
   Ok(Key(std::string(255, 'x'), "2026-08", "akka-billing").size() == 32, "255-byte customer id");
   Ok(Rejects("", "2026-08", "ns", "customer_id"), "empty customer_id rejected");
-  Ok(Rejects(std::string(256, 'x'), "2026-08", "ns", "customer_id"), "256-byte customer_id rejected");
+  Ok(Rejects(std::string(256, 'x'), "2026-08", "ns", "customer_id"),
+     "256-byte customer_id rejected");
   Ok(Rejects("c", "2026-13", "ns", "billing_period"), "month 13 rejected");
   Ok(Rejects("c", "2026-00", "ns", "billing_period"), "month 00 rejected");
   Ok(Rejects("c", "2026-8", "ns", "billing_period"), "one-digit month rejected");

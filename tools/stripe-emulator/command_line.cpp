@@ -1,12 +1,12 @@
 #include "command_line.hpp"
 
-
 namespace stripe_emulator {
 
 namespace {
 
 bool parse_count(const std::string& text, std::int64_t maximum, std::int64_t& out) {
-  if (text.empty() || text.size() > 12 || text.find_first_not_of("0123456789") != std::string::npos) {
+  if (text.empty() || text.size() > 12 ||
+      text.find_first_not_of("0123456789") != std::string::npos) {
     return false;
   }
   const long long value = std::stoll(text);
@@ -42,8 +42,10 @@ const char* usage_text() {
          "\n"
          "options:\n"
          "  --listen HOST:PORT         address to listen on (required)\n"
-         "  --idempotency-ttl SECONDS  age after which idempotency keys are pruned (default 86400)\n"
-         "  --rate-limit PER_SECOND    at most this many /v1 requests in any 1 s window (0 = off, default)\n"
+         "  --idempotency-ttl SECONDS  age after which idempotency keys are pruned (default "
+         "86400)\n"
+         "  --rate-limit PER_SECOND    at most this many /v1 requests in any 1 s window (0 = off, "
+         "default)\n"
          "  --latency-ms N             delay every /v1 request by N ms (default 0)\n"
          "  --api-key KEY              accept only this bearer key (default: any non-empty key)\n"
          "  --search-delay-ms N        objects become searchable N ms after creation (default 0)\n"
@@ -59,7 +61,8 @@ CommandLineVerdict parse_command_line(int argc, char** argv, Options& options, s
   for (int i = 1; i < argc; ++i) {
     std::string flag = argv[i];
     std::optional<std::string> inline_value;
-    if (const std::size_t equals = flag.find('='); flag.rfind("--", 0) == 0 && equals != std::string::npos) {
+    if (const std::size_t equals = flag.find('=');
+        flag.rfind("--", 0) == 0 && equals != std::string::npos) {
       inline_value = flag.substr(equals + 1);  // --flag=value
       flag = flag.substr(0, equals);
     }
@@ -73,7 +76,7 @@ CommandLineVerdict parse_command_line(int argc, char** argv, Options& options, s
       continue;
     }
 
-    static const char* const kValueFlags[] = {"--listen", "--idempotency-ttl", "--rate-limit",
+    static const char* const kValueFlags[] = {"--listen",     "--idempotency-ttl", "--rate-limit",
                                               "--latency-ms", "--search-delay-ms", "--api-key"};
     bool known = false;
     for (const char* value_flag : kValueFlags) known = known || flag == value_flag;

@@ -15,7 +15,8 @@ ApiResponse control_error(int status, std::string message) {
 
 // A JSON object body whose member names are checked against `allowed`, so a
 // misspelt option fails loudly instead of being silently ignored.
-std::optional<JsonValue> parse_object_body(const std::string& body, const std::set<std::string>& allowed,
+std::optional<JsonValue> parse_object_body(const std::string& body,
+                                           const std::set<std::string>& allowed,
                                            std::string& error) {
   auto parsed = parse_json(body.empty() ? std::string("{}") : body, error);
   if (!parsed) {
@@ -36,8 +37,8 @@ std::optional<JsonValue> parse_object_body(const std::string& body, const std::s
 }
 
 // Reads an optional integer member within [minimum, maximum]; false on a bad value.
-bool read_integer(const JsonValue& object, const char* name, std::int64_t minimum, std::int64_t maximum,
-                  std::optional<std::int64_t>& out, std::string& error) {
+bool read_integer(const JsonValue& object, const char* name, std::int64_t minimum,
+                  std::int64_t maximum, std::optional<std::int64_t>& out, std::string& error) {
   const JsonValue* member = object.member(name);
   if (!member) return true;
   if (member->type != JsonValue::Type::number || !member->is_integer ||
@@ -84,8 +85,8 @@ std::optional<FaultKind> fault_kind_from_name(const std::string& name) {
 // Parses a fault request; on success fills `fault` and `count`, else returns why not.
 std::optional<std::string> parse_fault(const std::string& body, Fault& fault, std::size_t& count) {
   std::string error;
-  const auto object =
-      parse_object_body(body, {"kind", "status", "count", "create", "path_prefix", "method"}, error);
+  const auto object = parse_object_body(
+      body, {"kind", "status", "count", "create", "path_prefix", "method"}, error);
   if (!object) return error;
 
   std::optional<std::string> kind_name, path_prefix, method;
@@ -101,8 +102,10 @@ std::optional<std::string> parse_fault(const std::string& body, Fault& fault, st
   }
   const auto kind = fault_kind_from_name(kind_name.value_or(""));
   if (!kind) return std::string("kind must be \"status\", \"hang\" or \"commit_then_drop\".");
-  if (*kind == FaultKind::status && !status) return std::string("A status fault needs \"status\" (400-599).");
-  if (*kind != FaultKind::status && status) return std::string("\"status\" only applies to kind \"status\".");
+  if (*kind == FaultKind::status && !status)
+    return std::string("A status fault needs \"status\" (400-599).");
+  if (*kind != FaultKind::status && status)
+    return std::string("\"status\" only applies to kind \"status\".");
   if (create && !(*kind == FaultKind::status && *status == 500)) {
     return std::string("\"create\" only applies to status 500 faults.");
   }
@@ -122,7 +125,9 @@ std::optional<std::string> parse_fault(const std::string& body, Fault& fault, st
   return std::nullopt;
 }
 
-ApiResponse ok(std::string body) { return ApiResponse{200, std::move(body)}; }
+ApiResponse ok(std::string body) {
+  return ApiResponse{200, std::move(body)};
+}
 
 }  // namespace
 
@@ -148,7 +153,8 @@ HandlerResult ControlApi::handle(const HttpRequest& request) {
   } else if (get && path == "/_emulator/config") {
     response = config();
   } else {
-    response = control_error(404, "Unrecognized control URL (" + request.method + ": " + path + ").");
+    response =
+        control_error(404, "Unrecognized control URL (" + request.method + ": " + path + ").");
   }
   HandlerResult result;
   result.response = json_response(response.status, std::move(response.body));
@@ -185,9 +191,12 @@ ApiResponse ControlApi::list_faults() const {
     if (entry.fault.kind == FaultKind::status && entry.fault.status == 500) {
       json.key("create").boolean(entry.fault.create);
     }
-    json.key("count").integer(static_cast<std::int64_t>(entry.remaining))
-        .key("path_prefix").string(entry.fault.path_prefix)
-        .key("method").string(entry.fault.method.empty() ? "default" : entry.fault.method)
+    json.key("count")
+        .integer(static_cast<std::int64_t>(entry.remaining))
+        .key("path_prefix")
+        .string(entry.fault.path_prefix)
+        .key("method")
+        .string(entry.fault.method.empty() ? "default" : entry.fault.method)
         .end_object();
   }
   json.end_array().key("queued").integer(static_cast<std::int64_t>(total)).end_object();
@@ -207,8 +216,8 @@ ApiResponse ControlApi::reset() {
 
 ApiResponse ControlApi::update_config(const std::string& body) {
   std::string error;
-  const auto object =
-      parse_object_body(body, {"latency_ms", "rate_limit", "search_delay_ms", "idempotency_ttl"}, error);
+  const auto object = parse_object_body(
+      body, {"latency_ms", "rate_limit", "search_delay_ms", "idempotency_ttl"}, error);
   if (!object) return control_error(400, error);
   std::optional<std::int64_t> latency_ms, rate_limit, search_delay_ms, idempotency_ttl;
   // Validate everything before changing anything.
@@ -228,10 +237,14 @@ ApiResponse ControlApi::update_config(const std::string& body) {
 ApiResponse ControlApi::config() const {
   JsonWriter json;
   json.begin_object()
-      .key("latency_ms").integer(state_.settings.latency_ms.load())
-      .key("rate_limit").integer(state_.rate_limiter.limit())
-      .key("search_delay_ms").integer(state_.settings.search_delay_ms.load())
-      .key("idempotency_ttl").integer(state_.settings.idempotency_ttl_seconds.load())
+      .key("latency_ms")
+      .integer(state_.settings.latency_ms.load())
+      .key("rate_limit")
+      .integer(state_.rate_limiter.limit())
+      .key("search_delay_ms")
+      .integer(state_.settings.search_delay_ms.load())
+      .key("idempotency_ttl")
+      .integer(state_.settings.idempotency_ttl_seconds.load())
       .end_object();
   return ok(json.take());
 }

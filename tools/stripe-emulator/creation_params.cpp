@@ -52,7 +52,8 @@ bool starts_with_any(const std::string& text, std::initializer_list<const char*>
 }
 
 std::optional<std::int64_t> parse_non_negative_integer(const std::string& text) {
-  if (text.empty() || text.size() > 18 || text.find_first_not_of("0123456789") != std::string::npos) {
+  if (text.empty() || text.size() > 18 ||
+      text.find_first_not_of("0123456789") != std::string::npos) {
     return std::nullopt;
   }
   return std::stoll(text);
@@ -72,8 +73,8 @@ std::optional<StripeError> sort_params(ObjectKind kind, const FormParams& params
     if (starts_with(name, "metadata[") && name.back() == ']') {
       const std::string key = name.substr(9, name.size() - 10);
       if (key.empty() || key.find_first_of("[]") != std::string::npos) {
-        return errors::invalid_param("metadata", "Invalid metadata key: " + key +
-                                                     ". Metadata is a flat hash of strings.");
+        return errors::invalid_param(
+            "metadata", "Invalid metadata key: " + key + ". Metadata is a flat hash of strings.");
       }
       // An empty value unsets the key, as on Stripe.
       if (value.empty()) {
@@ -83,7 +84,8 @@ std::optional<StripeError> sort_params(ObjectKind kind, const FormParams& params
       }
     } else if (name == "metadata") {
       if (!value.empty()) {
-        return errors::invalid_param("metadata", "Invalid hash: metadata must be sent as metadata[key]=value.");
+        return errors::invalid_param("metadata",
+                                     "Invalid hash: metadata must be sent as metadata[key]=value.");
       }
       sorted.metadata.clear();
     } else if (allowed.count(name)) {
@@ -97,19 +99,22 @@ std::optional<StripeError> sort_params(ObjectKind kind, const FormParams& params
 
 std::optional<StripeError> check_metadata(const Metadata& metadata) {
   if (metadata.size() > kMaxMetadataKeys) {
-    return errors::invalid_param("metadata", "Invalid metadata: metadata can have up to 50 keys, but you passed in " +
-                                                 std::to_string(metadata.size()) + " keys.");
+    return errors::invalid_param(
+        "metadata", "Invalid metadata: metadata can have up to 50 keys, but you passed in " +
+                        std::to_string(metadata.size()) + " keys.");
   }
   for (const auto& [key, value] : metadata) {
     if (character_count(key) > kMaxMetadataKeyLength) {
-      return errors::invalid_param("metadata", "Invalid metadata: metadata keys can have up to 40 characters, but " +
-                                                   key + " has " + std::to_string(character_count(key)) + ".");
+      return errors::invalid_param(
+          "metadata", "Invalid metadata: metadata keys can have up to 40 characters, but " + key +
+                          " has " + std::to_string(character_count(key)) + ".");
     }
     if (character_count(value) > kMaxMetadataValueLength) {
-      return errors::invalid_param("metadata", "Invalid metadata: metadata values can have up to 500 characters, "
-                                               "but you passed in a value that is " +
-                                                   std::to_string(character_count(value)) +
-                                                   " characters long (key " + key + ").");
+      return errors::invalid_param(
+          "metadata",
+          "Invalid metadata: metadata values can have up to 500 characters, "
+          "but you passed in a value that is " +
+              std::to_string(character_count(value)) + " characters long (key " + key + ").");
     }
   }
   return std::nullopt;
@@ -129,8 +134,8 @@ std::optional<StripeError> read_boolean(const std::map<std::string, std::string>
   return std::nullopt;
 }
 
-std::optional<StripeError> read_amount_and_currency(const std::map<std::string, std::string>& scalars,
-                                                    CreationRequest& request) {
+std::optional<StripeError> read_amount_and_currency(
+    const std::map<std::string, std::string>& scalars, CreationRequest& request) {
   for (const char* required : {"amount", "currency"}) {
     const auto found = scalars.find(required);
     if (found == scalars.end()) return errors::missing_param(required);
@@ -141,8 +146,9 @@ std::optional<StripeError> read_amount_and_currency(const std::map<std::string, 
   if (!amount) return errors::invalid_integer("amount", amount_text);
 
   request.currency = scalars.at("currency");
-  const bool iso_shaped = request.currency.size() == 3 &&
-                          request.currency.find_first_not_of("abcdefghijklmnopqrstuvwxyz") == std::string::npos;
+  const bool iso_shaped =
+      request.currency.size() == 3 &&
+      request.currency.find_first_not_of("abcdefghijklmnopqrstuvwxyz") == std::string::npos;
   if (!iso_shaped) return errors::invalid_currency(request.currency);
 
   const std::int64_t minimum = minimum_amount(request.currency);
@@ -152,15 +158,17 @@ std::optional<StripeError> read_amount_and_currency(const std::map<std::string, 
   return std::nullopt;
 }
 
-std::optional<StripeError> read_customer_and_source(const std::map<std::string, std::string>& scalars,
-                                                    CreationRequest& request) {
+std::optional<StripeError> read_customer_and_source(
+    const std::map<std::string, std::string>& scalars, CreationRequest& request) {
   const bool is_intent = request.kind == ObjectKind::payment_intent;
   const char* source_param = is_intent ? "payment_method" : "source";
-  if (const auto found = scalars.find(source_param); found != scalars.end() && !found->second.empty()) {
+  if (const auto found = scalars.find(source_param);
+      found != scalars.end() && !found->second.empty()) {
     const bool known_shape = is_intent ? starts_with_any(found->second, {"pm_", "card_", "src_"})
                                        : starts_with_any(found->second, {"tok_", "card_", "src_"});
     if (!known_shape) {
-      return errors::no_such_object(is_intent ? "PaymentMethod" : "token", found->second, source_param, 400);
+      return errors::no_such_object(is_intent ? "PaymentMethod" : "token", found->second,
+                                    source_param, 400);
     }
     request.payment_source = found->second;
   }
@@ -196,7 +204,8 @@ CreationValidation validate_creation(ObjectKind kind, const FormParams& params) 
   if (auto error = read_boolean(sorted.scalars, "off_session", request.off_session)) return *error;
   if (auto error = check_metadata(sorted.metadata)) return *error;
 
-  if (const auto found = sorted.scalars.find("description"); found != sorted.scalars.end() && !found->second.empty()) {
+  if (const auto found = sorted.scalars.find("description");
+      found != sorted.scalars.end() && !found->second.empty()) {
     request.description = found->second;
   }
   request.metadata = std::move(sorted.metadata);

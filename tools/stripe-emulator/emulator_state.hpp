@@ -24,7 +24,8 @@ struct RuntimeSettings {
 };
 
 struct EmulatorState {
-  explicit EmulatorState(std::int64_t rate_limit_per_second) : rate_limiter(rate_limit_per_second) {}
+  explicit EmulatorState(std::int64_t rate_limit_per_second)
+      : rate_limiter(rate_limit_per_second) {}
 
   std::optional<std::string> required_api_key;  // nullopt: any non-empty key is accepted
   RuntimeSettings settings;

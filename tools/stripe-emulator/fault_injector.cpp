@@ -4,9 +4,12 @@ namespace stripe_emulator {
 
 const char* fault_kind_name(FaultKind kind) {
   switch (kind) {
-    case FaultKind::status: return "status";
-    case FaultKind::hang: return "hang";
-    case FaultKind::commit_then_drop: return "commit_then_drop";
+    case FaultKind::status:
+      return "status";
+    case FaultKind::hang:
+      return "hang";
+    case FaultKind::commit_then_drop:
+      return "commit_then_drop";
   }
   return "status";
 }

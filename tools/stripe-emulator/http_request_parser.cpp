@@ -54,7 +54,8 @@ bool parse_request_line(std::string_view line, HttpRequest& request, std::string
   const std::size_t first_space = line.find(' ');
   const std::size_t second_space =
       first_space == std::string_view::npos ? first_space : line.find(' ', first_space + 1);
-  if (second_space == std::string_view::npos || line.find(' ', second_space + 1) != std::string_view::npos) {
+  if (second_space == std::string_view::npos ||
+      line.find(' ', second_space + 1) != std::string_view::npos) {
     detail = "malformed request line";
     return false;
   }

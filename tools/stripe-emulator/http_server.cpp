@@ -37,26 +37,46 @@ constexpr auto kDrainTime = std::chrono::milliseconds(2000);
 
 const char* reason_phrase(int status) {
   switch (status) {
-    case 100: return "Continue";
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 402: return "Payment Required";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 409: return "Conflict";
-    case 411: return "Length Required";
-    case 413: return "Content Too Large";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 501: return "Not Implemented";
-    case 502: return "Bad Gateway";
-    case 503: return "Service Unavailable";
-    case 504: return "Gateway Timeout";
-    case 505: return "HTTP Version Not Supported";
+    case 100:
+      return "Continue";
+    case 200:
+      return "OK";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 402:
+      return "Payment Required";
+    case 403:
+      return "Forbidden";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
+    case 409:
+      return "Conflict";
+    case 411:
+      return "Length Required";
+    case 413:
+      return "Content Too Large";
+    case 429:
+      return "Too Many Requests";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 500:
+      return "Internal Server Error";
+    case 501:
+      return "Not Implemented";
+    case 502:
+      return "Bad Gateway";
+    case 503:
+      return "Service Unavailable";
+    case 504:
+      return "Gateway Timeout";
+    case 505:
+      return "HTTP Version Not Supported";
   }
   return status < 500 ? "Client Error" : "Server Error";
 }
@@ -130,7 +150,8 @@ std::string serialize_response(const HttpResponse& response, bool keep_alive) {
 }
 
 HttpResponse protocol_error_response(int status, std::string message) {
-  const ApiResponse rendered = render_error(errors::plain_request_error(status, std::move(message)));
+  const ApiResponse rendered =
+      render_error(errors::plain_request_error(status, std::move(message)));
   return json_response(rendered.status, rendered.body);
 }
 
@@ -143,7 +164,8 @@ void discard_input_until_closed(int fd, std::chrono::milliseconds longest) {
         deadline - std::chrono::steady_clock::now());
     if (remaining.count() <= 0) return;
     pollfd waiting{fd, POLLIN, 0};
-    const int ready = ::poll(&waiting, 1, static_cast<int>(std::min<long long>(remaining.count(), 60000)));
+    const int ready =
+        ::poll(&waiting, 1, static_cast<int>(std::min<long long>(remaining.count(), 60000)));
     if (ready < 0 && errno != EINTR) return;
     if (ready <= 0) continue;
     const ssize_t received = ::recv(fd, scratch, sizeof scratch, 0);
@@ -206,7 +228,8 @@ std::uint16_t HttpServer::listen_on(const std::string& host, std::uint16_t port)
     const int on = 1;
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
     // "::" means IPv6 only: listen exactly where told.
-    if (candidate->ai_family == AF_INET6) ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &on, sizeof on);
+    if (candidate->ai_family == AF_INET6)
+      ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &on, sizeof on);
     if (::bind(fd, candidate->ai_addr, candidate->ai_addrlen) != 0 || ::listen(fd, 1024) != 0) {
       last_error = std::strerror(errno);
       ::close(fd);
@@ -228,7 +251,8 @@ void HttpServer::serve_forever() {
   while (true) {
     sockaddr_storage peer{};
     socklen_t peer_length = sizeof peer;
-    const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&peer), &peer_length, SOCK_CLOEXEC);
+    const int fd =
+        ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&peer), &peer_length, SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));  // wait for connections to end
@@ -271,7 +295,8 @@ void HttpServer::serve_connection(int fd, bool peer_is_loopback) const {
 
     HeadParseResult parsed = parse_request_head(std::string_view(buffer).substr(0, head_end));
     switch (parsed.problem) {
-      case HeadProblem::none: break;
+      case HeadProblem::none:
+        break;
       case HeadProblem::malformed:
         send_error_and_close(fd, 400, "Malformed HTTP request: " + parsed.detail + ".");
         return;

@@ -72,13 +72,27 @@ void append_json_string(std::string& out, std::string_view text) {
       continue;
     }
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20 || c == 0x7F) {
           out += "\\u00";
@@ -212,8 +226,8 @@ class JsonParser {
   }
 
   void skip_whitespace() {
-    while (pos_ < text_.size() &&
-           (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\n' || text_[pos_] == '\r')) {
+    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' ||
+                                   text_[pos_] == '\n' || text_[pos_] == '\r')) {
       ++pos_;
     }
   }
@@ -228,8 +242,10 @@ class JsonParser {
     if (depth > kMaxDepth) return fail("nesting too deep");
     if (pos_ >= text_.size()) return fail("unexpected end of input");
     switch (text_[pos_]) {
-      case '{': return parse_object(value, depth);
-      case '[': return parse_array(value, depth);
+      case '{':
+        return parse_object(value, depth);
+      case '[':
+        return parse_array(value, depth);
       case '"':
         value.type = JsonValue::Type::string;
         return parse_string(value.string_value);
@@ -243,7 +259,8 @@ class JsonParser {
       case 'n':
         value.type = JsonValue::Type::null;
         return consume_literal("null");
-      default: return parse_number(value);
+      default:
+        return parse_number(value);
     }
   }
 
@@ -312,10 +329,14 @@ class JsonParser {
     for (int i = 0; i < 4; ++i) {
       const char c = text_[pos_++];
       code_unit <<= 4;
-      if (c >= '0' && c <= '9') code_unit |= c - '0';
-      else if (c >= 'a' && c <= 'f') code_unit |= c - 'a' + 10;
-      else if (c >= 'A' && c <= 'F') code_unit |= c - 'A' + 10;
-      else return fail("invalid \\u escape");
+      if (c >= '0' && c <= '9')
+        code_unit |= c - '0';
+      else if (c >= 'a' && c <= 'f')
+        code_unit |= c - 'a' + 10;
+      else if (c >= 'A' && c <= 'F')
+        code_unit |= c - 'A' + 10;
+      else
+        return fail("invalid \\u escape");
     }
     return true;
   }
@@ -350,18 +371,35 @@ class JsonParser {
       if (pos_ >= text_.size()) break;
       const char escaped = text_[pos_++];
       switch (escaped) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
+        case '"':
+          out += '"';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '/':
+          out += '/';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
         case 'u':
           if (!parse_unicode_escape(out)) return false;
           break;
-        default: return fail("invalid escape");
+        default:
+          return fail("invalid escape");
       }
     }
     return fail("unterminated string");

@@ -15,8 +15,8 @@ std::mt19937_64& thread_generator() {
   thread_local std::mt19937_64 generator([] {
     std::random_device device;
     const auto thread_hash = std::hash<std::thread::id>{}(std::this_thread::get_id());
-    const auto now = static_cast<std::uint64_t>(
-        std::chrono::steady_clock::now().time_since_epoch().count());
+    const auto now =
+        static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
     std::seed_seq seed{static_cast<std::uint64_t>(device()), static_cast<std::uint64_t>(device()),
                        static_cast<std::uint64_t>(thread_hash), now};
     return std::mt19937_64(seed);
@@ -42,6 +42,8 @@ std::string new_object_id(std::string_view prefix) {
   return id;
 }
 
-std::string new_request_id() { return "req_" + random_alphanumeric(14); }
+std::string new_request_id() {
+  return "req_" + random_alphanumeric(14);
+}
 
 }  // namespace stripe_emulator

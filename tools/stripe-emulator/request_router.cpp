@@ -13,7 +13,8 @@ bool starts_with(const std::string& text, const char* prefix) {
 }  // namespace
 
 HandlerResult RequestRouter::route(const HttpRequest& request) {
-  if (request.path == "/v1" || starts_with(request.path, "/v1/")) return stripe_api_.handle(request);
+  if (request.path == "/v1" || starts_with(request.path, "/v1/"))
+    return stripe_api_.handle(request);
   if (starts_with(request.path, "/_emulator/")) return control_api_.handle(request);
   const ApiResponse unknown = render_error(errors::unrecognized_url(request.method, request.path));
   HandlerResult result;

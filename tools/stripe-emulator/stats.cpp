@@ -11,7 +11,9 @@ void Stats::request_started() {
   }
 }
 
-void Stats::request_finished() { --in_progress_; }
+void Stats::request_finished() {
+  --in_progress_;
+}
 
 void Stats::reset() {
   requests = 0;
@@ -30,15 +32,24 @@ std::string Stats::to_json() const {
   };
   JsonWriter json;
   json.begin_object()
-      .key("requests").integer(count(requests))
-      .key("created").integer(count(created))
-      .key("replayed").integer(count(replayed))
-      .key("rate_limited").integer(count(rate_limited))
-      .key("idempotency_conflicts").integer(count(idempotency_conflicts))
-      .key("in_use_conflicts").integer(count(in_use_conflicts))
-      .key("faults_applied").integer(count(faults_applied))
-      .key("max_concurrent").integer(max_concurrent_.load())
-      .key("in_progress").integer(in_progress_.load())
+      .key("requests")
+      .integer(count(requests))
+      .key("created")
+      .integer(count(created))
+      .key("replayed")
+      .integer(count(replayed))
+      .key("rate_limited")
+      .integer(count(rate_limited))
+      .key("idempotency_conflicts")
+      .integer(count(idempotency_conflicts))
+      .key("in_use_conflicts")
+      .integer(count(in_use_conflicts))
+      .key("faults_applied")
+      .integer(count(faults_applied))
+      .key("max_concurrent")
+      .integer(max_concurrent_.load())
+      .key("in_progress")
+      .integer(in_progress_.load())
       .end_object();
   return json.take();
 }

@@ -69,7 +69,8 @@ std::optional<StripeApi::Route> StripeApi::resolve_route(const std::string& meth
     return std::nullopt;
   }
   const std::string member = rest.substr(slash + 1);
-  if (member.empty() || member.find('/') != std::string::npos || method != "GET") return std::nullopt;
+  if (member.empty() || member.find('/') != std::string::npos || method != "GET")
+    return std::nullopt;
   if (member == "search") return Route{Operation::search, route.kind, {}};
   return Route{Operation::retrieve, route.kind, member};
 }
@@ -115,7 +116,8 @@ HandlerResult StripeApi::handle(const HttpRequest& request) {
   const auto route = resolve_route(request.method, request.path);
   if (!route) return answer(errors::unrecognized_url(request.method, request.path));
 
-  const auto params = decode_form(route->operation == Operation::create ? request.body : request.query);
+  const auto params =
+      decode_form(route->operation == Operation::create ? request.body : request.query);
   if (!params) return answer(errors::malformed_parameters());
 
   // A fault is consumed by the first matching request to get this far, even
@@ -173,10 +175,10 @@ HandlerResult StripeApi::run_creation(const HttpRequest& request, const Route& r
         return answer(claim.saved_response, idempotency_key, true);
       case IdempotencyVerdict::different_request: {
         ++state_.stats.idempotency_conflicts;
-        const std::string detail =
-            claim.first_endpoint == endpoint
-                ? std::string()
-                : "This key was first used for " + claim.first_endpoint + ", not " + endpoint + ". ";
+        const std::string detail = claim.first_endpoint == endpoint
+                                       ? std::string()
+                                       : "This key was first used for " + claim.first_endpoint +
+                                             ", not " + endpoint + ". ";
         return answer(errors::idempotency_mismatch(*idempotency_key, detail), idempotency_key);
       }
       case IdempotencyVerdict::in_use:
@@ -225,8 +227,9 @@ HandlerResult StripeApi::run_read(const Route& route, const FormParams& params) 
     case Operation::list:
       return answer(list_objects(state_.ledger, route.kind, params));
     case Operation::search:
-      return answer(search_objects(state_.ledger, route.kind, params,
-                                   std::chrono::milliseconds(state_.settings.search_delay_ms.load())));
+      return answer(
+          search_objects(state_.ledger, route.kind, params,
+                         std::chrono::milliseconds(state_.settings.search_delay_ms.load())));
     case Operation::create:
       break;
   }

@@ -30,8 +30,9 @@ class StripeApi {
 
   static std::optional<Route> resolve_route(const std::string& method, const std::string& path);
   std::optional<StripeError> authenticate(const HttpRequest& request, std::string& api_key) const;
-  HandlerResult run_creation(const HttpRequest& request, const Route& route, const std::string& api_key,
-                             const FormParams& params, const std::optional<Fault>& server_error);
+  HandlerResult run_creation(const HttpRequest& request, const Route& route,
+                             const std::string& api_key, const FormParams& params,
+                             const std::optional<Fault>& server_error);
   HandlerResult run_read(const Route& route, const FormParams& params);
   void sleep_for_configured_latency() const;
 

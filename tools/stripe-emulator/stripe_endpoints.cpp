@@ -21,7 +21,8 @@ struct TestDecline {
 };
 
 constexpr TestDecline kTestDeclines[] = {
-    {"pm_card_chargeDeclined", "card_declined", "generic_decline", "Your card was declined.", false},
+    {"pm_card_chargeDeclined", "card_declined", "generic_decline", "Your card was declined.",
+     false},
     {"pm_card_chargeDeclinedInsufficientFunds", "card_declined", "insufficient_funds",
      "Your card has insufficient funds.", false},
     {"pm_card_authenticationRequired", "authentication_required", "authentication_required",
@@ -43,7 +44,8 @@ const char* collection_path(ObjectKind kind) {
   return kind == ObjectKind::payment_intent ? "/v1/payment_intents" : "/v1/charges";
 }
 
-StripeObject new_object(const CreationRequest& request, const std::optional<std::string>& idempotency_key) {
+StripeObject new_object(const CreationRequest& request,
+                        const std::optional<std::string>& idempotency_key) {
   StripeObject object;
   object.kind = request.kind;
   object.id = new_object_id(request.kind == ObjectKind::payment_intent ? "pi" : "ch");
@@ -62,14 +64,16 @@ StripeObject new_object(const CreationRequest& request, const std::optional<std:
 ApiResponse create_payment_intent(Ledger& ledger, const CreationRequest& request,
                                   const std::optional<std::string>& idempotency_key) {
   StripeObject intent = new_object(request, idempotency_key);
-  const TestDecline* decline = request.confirm ? find_test_decline(request.payment_source) : nullptr;
+  const TestDecline* decline =
+      request.confirm ? find_test_decline(request.payment_source) : nullptr;
   if (!request.confirm) {
     intent.status = "requires_confirmation";
   } else if (decline && decline->authentication_required && !request.off_session) {
     intent.status = "requires_action";  // the customer is present and can authenticate
   } else if (decline) {
     intent.status = "requires_payment_method";
-    StripeError error = errors::card_declined(decline->code, decline->decline_code, decline->message, "");
+    StripeError error =
+        errors::card_declined(decline->code, decline->decline_code, decline->message, "");
     error.payment_intent_json = render_api_object(intent);
     ledger.record(std::move(intent));
     return render_error(error);
@@ -89,7 +93,8 @@ ApiResponse create_charge(Ledger& ledger, const CreationRequest& request,
     charge.status = "failed";
     charge.failure_code = std::string(decline->code);
     charge.failure_message = std::string(decline->message);
-    StripeError error = errors::card_declined(decline->code, decline->decline_code, decline->message, "");
+    StripeError error =
+        errors::card_declined(decline->code, decline->decline_code, decline->message, "");
     error.charge = charge.id;
     ledger.record(std::move(charge));
     return render_error(error);
@@ -101,19 +106,22 @@ ApiResponse create_charge(Ledger& ledger, const CreationRequest& request,
 }
 
 std::optional<StripeError> parse_limit(const std::string& text, std::size_t& limit) {
-  if (text.empty() || text.size() > 9 || text.find_first_not_of("0123456789") != std::string::npos) {
+  if (text.empty() || text.size() > 9 ||
+      text.find_first_not_of("0123456789") != std::string::npos) {
     return errors::invalid_integer("limit", text);
   }
   const long value = std::stol(text);
   if (value < 1 || value > 100) {
-    return errors::invalid_param("limit", "This value must be greater than or equal to 1 and less than or equal to 100.");
+    return errors::invalid_param(
+        "limit", "This value must be greater than or equal to 1 and less than or equal to 100.");
   }
   limit = static_cast<std::size_t>(value);
   return std::nullopt;
 }
 
-std::string render_collection(const char* object_type, const LedgerPage& page, const std::string& url,
-                              const std::optional<std::string>& next_page, bool with_next_page) {
+std::string render_collection(const char* object_type, const LedgerPage& page,
+                              const std::string& url, const std::optional<std::string>& next_page,
+                              bool with_next_page) {
   JsonWriter json;
   json.begin_object().key("object").string(object_type).key("data").begin_array();
   for (const auto& object : page.items) write_api_object(json, object);
@@ -161,14 +169,17 @@ ApiResponse list_objects(const Ledger& ledger, ObjectKind kind, const FormParams
     }
   }
   if (customer) {
-    ledger_query.matches = [customer](const StripeObject& object) { return object.customer == customer; };
+    ledger_query.matches = [customer](const StripeObject& object) {
+      return object.customer == customer;
+    };
   }
   const LedgerPage page = ledger.query(ledger_query);
   if (!page.cursor_found) {
     return render_error(errors::no_such_object(object_type_name(kind), ledger_query.starting_after,
                                                "starting_after", 400));
   }
-  return ApiResponse{200, render_collection("list", page, collection_path(kind), std::nullopt, false)};
+  return ApiResponse{200,
+                     render_collection("list", page, collection_path(kind), std::nullopt, false)};
 }
 
 ApiResponse search_objects(const Ledger& ledger, ObjectKind kind, const FormParams& query,
@@ -185,7 +196,8 @@ ApiResponse search_objects(const Ledger& ledger, ObjectKind kind, const FormPara
       const std::string offset = value.compare(0, kPageTokenPrefix.size(), kPageTokenPrefix) == 0
                                      ? value.substr(kPageTokenPrefix.size())
                                      : std::string();
-      if (offset.empty() || offset.size() > 9 || offset.find_first_not_of("0123456789") != std::string::npos) {
+      if (offset.empty() || offset.size() > 9 ||
+          offset.find_first_not_of("0123456789") != std::string::npos) {
         return render_error(errors::invalid_param("page", "Invalid page token: " + value));
       }
       ledger_query.skip = std::stoul(offset);
@@ -205,7 +217,8 @@ ApiResponse search_objects(const Ledger& ledger, ObjectKind kind, const FormPara
   const LedgerPage page = ledger.query(ledger_query);
   std::optional<std::string> next_page;
   if (page.has_more) {
-    next_page = std::string(kPageTokenPrefix) + std::to_string(ledger_query.skip + page.items.size());
+    next_page =
+        std::string(kPageTokenPrefix) + std::to_string(ledger_query.skip + page.items.size());
   }
   const std::string url = std::string(collection_path(kind)) + "/search";
   return ApiResponse{200, render_collection("search_result", page, url, next_page, true)};

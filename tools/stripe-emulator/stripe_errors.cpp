@@ -17,7 +17,9 @@ StripeError invalid_request(std::string message, std::string_view param = {},
   return error;
 }
 
-std::string quoted(std::string_view text) { return "'" + std::string(text) + "'"; }
+std::string quoted(std::string_view text) {
+  return "'" + std::string(text) + "'";
+}
 
 // Stripe links each error code to a page whose slug is the code with dashes.
 std::string doc_url_for(std::string_view code) {
@@ -73,7 +75,8 @@ StripeError invalid_param(std::string_view param, std::string message) {
 StripeError empty_string_param(std::string_view param) {
   return invalid_request("You passed an empty string for '" + std::string(param) +
                              "'. We assume empty values are an attempt to unset a parameter; "
-                             "however '" + std::string(param) + "' cannot be unset.",
+                             "however '" +
+                             std::string(param) + "' cannot be unset.",
                          param, "parameter_invalid_empty");
 }
 
@@ -89,9 +92,9 @@ StripeError amount_too_small(std::string_view currency, long long minimum) {
 }
 
 StripeError amount_too_large(long long maximum) {
-  return invalid_request("Amount must be no more than " + std::to_string(maximum) +
-                             " (in the smallest currency unit)",
-                         "amount", "amount_too_large");
+  return invalid_request(
+      "Amount must be no more than " + std::to_string(maximum) + " (in the smallest currency unit)",
+      "amount", "amount_too_large");
 }
 
 StripeError invalid_currency(std::string_view currency) {
@@ -110,10 +113,10 @@ StripeError invalid_search_query(std::string message) {
   return invalid_request(std::move(message), "query");
 }
 
-StripeError no_such_object(std::string_view object_name, std::string_view id, std::string_view param,
-                           int http_status) {
-  StripeError error = invalid_request(
-      "No such " + std::string(object_name) + ": " + quoted(id), param, "resource_missing");
+StripeError no_such_object(std::string_view object_name, std::string_view id,
+                           std::string_view param, int http_status) {
+  StripeError error = invalid_request("No such " + std::string(object_name) + ": " + quoted(id),
+                                      param, "resource_missing");
   error.http_status = http_status;
   return error;
 }
@@ -149,8 +152,7 @@ StripeError unsupported_authorization_scheme() {
 }
 
 StripeError invalid_idempotency_key() {
-  return invalid_request(
-      "Invalid Idempotency-Key: it must be between 1 and 255 characters long.");
+  return invalid_request("Invalid Idempotency-Key: it must be between 1 and 255 characters long.");
 }
 
 StripeError idempotency_mismatch(std::string_view key, std::string_view detail) {

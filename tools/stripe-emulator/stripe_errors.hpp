@@ -39,8 +39,8 @@ StripeError malformed_parameters();
 StripeError invalid_search_query(std::string message);
 
 // Lookups (HTTP 404 unless the missing object is a parameter, then 400).
-StripeError no_such_object(std::string_view object_name, std::string_view id, std::string_view param,
-                           int http_status);
+StripeError no_such_object(std::string_view object_name, std::string_view id,
+                           std::string_view param, int http_status);
 StripeError unrecognized_url(std::string_view method, std::string_view path);
 
 // Authentication (HTTP 401). The key is masked: it must never be echoed whole.
@@ -54,7 +54,8 @@ StripeError idempotency_mismatch(std::string_view key, std::string_view detail);
 StripeError idempotency_key_in_use(std::string_view key);
 
 // Infrastructure.
-StripeError plain_request_error(int http_status, std::string message);  // HTTP or control API misuse
+StripeError plain_request_error(int http_status,
+                                std::string message);  // HTTP or control API misuse
 StripeError rate_limited();
 StripeError api_error(int http_status);  // 500 and other injected statuses
 

@@ -1,4 +1,6 @@
 // Content-hash idempotency keys (see key_derivation.hpp).
+#include "cpp_only.hpp"
+
 #include "key_derivation.hpp"
 
 #include <openssl/evp.h>
@@ -13,7 +15,9 @@ namespace billguard {
 
 namespace {
 
-bool IsDigit(char c) { return c >= '0' && c <= '9'; }
+bool IsDigit(char c) {
+  return c >= '0' && c <= '9';
+}
 
 // OpenSSL 3's one-shot SHA256() fetches the algorithm on every call, which
 // costs more than hashing 40 bytes. Fetch once per thread and reuse.

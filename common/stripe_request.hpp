@@ -4,6 +4,8 @@
 // with different parameters with idempotency_error.
 #pragma once
 
+#include "cpp_only.hpp"
+
 #include <string>
 #include <utility>
 #include <vector>

@@ -8,6 +8,8 @@
 // process identity or a request envelope.
 #pragma once
 
+#include "cpp_only.hpp"
+
 #include <cstddef>
 #include <string_view>
 

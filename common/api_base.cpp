@@ -1,4 +1,6 @@
 // Validation of billguard.api_base (see api_base.hpp).
+#include "cpp_only.hpp"
+
 #include "api_base.hpp"
 
 namespace billguard {

@@ -1,4 +1,6 @@
 // Reading the API key file (see api_key.hpp).
+#include "cpp_only.hpp"
+
 #include "api_key.hpp"
 
 #include <fstream>
@@ -13,7 +15,8 @@ bool LooksLikeStripeKey(const std::string& key) {
   const std::string prefix = key.substr(0, 3);
   if (prefix != "rk_" && prefix != "sk_" && prefix != "vk_") return false;
   for (char c : key) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+    const bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
     if (!ok) return false;
   }
   return true;

@@ -1,4 +1,6 @@
 // libcurl multi client (see http_client.hpp).
+#include "cpp_only.hpp"
+
 #include "http_client.hpp"
 
 #include <curl/curl.h>
@@ -66,7 +68,9 @@ void InitializeHttp() {
   }
 }
 
-void ShutdownHttp() { curl_global_cleanup(); }
+void ShutdownHttp() {
+  curl_global_cleanup();
+}
 
 HttpClient::HttpClient(long timeout_ms) : multi_(curl_multi_init()), timeout_ms_(timeout_ms) {
   if (multi_ == nullptr) throw std::runtime_error("curl_multi_init failed");
@@ -138,10 +142,8 @@ std::vector<HttpResponse> HttpClient::Poll(int timeout_ms) {
       curl_easy_getinfo(transfer->easy, CURLINFO_RESPONSE_CODE, &response.status);
     } else {
       response.status = 0;
-      response.timed_out = message->data.result == CURLE_OPERATION_TIMEDOUT;
-      response.transport_error = transfer->error[0] != '\0'
-                                     ? transfer->error
-                                     : curl_easy_strerror(message->data.result);
+      response.transport_error =
+          transfer->error[0] != '\0' ? transfer->error : curl_easy_strerror(message->data.result);
     }
     finished.push_back(std::move(response));
   }

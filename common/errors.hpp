@@ -2,6 +2,8 @@
 // this file is shared by the extension, the proxy and unit tests.
 #pragma once
 
+#include "cpp_only.hpp"
+
 #include <stdexcept>
 #include <string>
 

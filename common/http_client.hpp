@@ -3,6 +3,8 @@
 // dispatcher while no transaction is open.
 #pragma once
 
+#include "cpp_only.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -13,8 +15,8 @@
 namespace billguard {
 
 struct HttpRequest {
-  std::uint64_t tag = 0;             // the caller's id, returned with the response
-  bool post = true;                  // POST with body, or GET
+  std::uint64_t tag = 0;  // the caller's id, returned with the response
+  bool post = true;       // POST with body, or GET
   std::string url;
   std::vector<std::string> headers;  // "Name: value"
   std::string body;
@@ -23,7 +25,6 @@ struct HttpRequest {
 struct HttpResponse {
   std::uint64_t tag = 0;
   long status = 0;              // 0 when no HTTP response arrived
-  bool timed_out = false;
   std::string transport_error;  // why no response arrived (status 0)
   std::string body;
   std::string idempotent_replayed;  // header values, empty when absent
@@ -48,7 +49,6 @@ class HttpClient {
   // Drives all transfers, waiting at most timeout_ms for activity, and
   // returns the ones that finished.
   std::vector<HttpResponse> Poll(int timeout_ms);
-  std::size_t in_flight() const { return transfers_.size(); }
   // Drops every transfer without waiting for answers.
   void AbortAll();
 

@@ -1,4 +1,6 @@
 // Stripe request encoding (see stripe_request.hpp).
+#include "cpp_only.hpp"
+
 #include "stripe_request.hpp"
 
 #include <stdexcept>
@@ -69,8 +71,8 @@ FormFields ChargeFields(const ChargeRecord& r, const std::string& endpoint) {
 }
 
 std::string SearchPath(const std::string& endpoint, const std::string& idempotency_key) {
-  return endpoint + "/search?query=" +
-         PercentEncode("metadata['billguard_key']:'" + idempotency_key + "'");
+  return endpoint +
+         "/search?query=" + PercentEncode("metadata['billguard_key']:'" + idempotency_key + "'");
 }
 
 }  // namespace billguard

@@ -6,6 +6,8 @@
 // the limit. A 429 halves the rate, which recovers linearly over 10 seconds.
 #pragma once
 
+#include "cpp_only.hpp"
+
 #include <algorithm>
 #include <chrono>
 
@@ -23,8 +25,8 @@ class RatePacer {
   bool Ready(Clock::time_point now) const { return now >= next_; }
 
   void Take(Clock::time_point now) {
-    const auto interval = std::chrono::duration_cast<Clock::duration>(
-        std::chrono::duration<double>(1.0 / Rate(now)));
+    const auto interval =
+        std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(1.0 / Rate(now)));
     const auto catch_up = std::min<Clock::duration>(interval, std::chrono::milliseconds(5));
     next_ = std::max(next_, now - catch_up) + interval;
   }

@@ -2,6 +2,8 @@
 // a secret: it is never logged, and no error message contains it.
 #pragma once
 
+#include "cpp_only.hpp"
+
 #include <string>
 
 namespace billguard {

@@ -1,6 +1,8 @@
 // Where Stripe requests may go. Pure C++.
 #pragma once
 
+#include "cpp_only.hpp"
+
 #include <string>
 
 namespace billguard {

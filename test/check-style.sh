@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# House rules that a compiler does not check, run by `make test`:
+# every C++ file matches .clang-format, and every file of common/ includes
+# cpp_only.hpp (which fails the build when a PostgreSQL header came first).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+status=0
+mapfile -t sources < <(git ls-files -co --exclude-standard -- '*.cpp' '*.hpp' '*.h')
+clang-format --dry-run -Werror "${sources[@]}" || status=1
+for f in common/*.cpp common/*.hpp; do
+  [ "$f" = common/cpp_only.hpp ] && continue
+  grep -q '^#include "cpp_only.hpp"' "$f" || { echo "$f: does not include cpp_only.hpp"; status=1; }
+done
+[ $status -eq 0 ] && echo "style: ${#sources[@]} C++ files match .clang-format; common/ is pure C++"
+exit $status
