@@ -64,6 +64,9 @@ extern "C" void billguard_dispatcher_main(Datum /*arg*/) {
   BackgroundWorkerUnblockSignals();
   BackgroundWorkerInitializeConnection(billguard::settings::database, nullptr, 0);
   pgstat_report_appname("billguard dispatcher");
+  // The worker runs as a superuser: its own statements resolve names in
+  // pg_catalog only, whatever ALTER ROLE or ALTER DATABASE set.
+  SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_USERSET, PGC_S_SESSION);
 
   // Answers are committed without waiting for the WAL flush: one lost in a
   // crash is re-sent with the same key and replayed by Stripe, and a

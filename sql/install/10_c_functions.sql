@@ -2,6 +2,7 @@
 
 CREATE FUNCTION billguard.key_namespace() RETURNS text
   LANGUAGE c STABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
   AS 'MODULE_PATHNAME', 'billguard_key_namespace';
 COMMENT ON FUNCTION billguard.key_namespace() IS
   'The current billguard.key_namespace setting: the default namespace of idempotency_key().';
@@ -10,12 +11,14 @@ CREATE FUNCTION billguard.idempotency_key(customer_id text, billing_period text,
                                           namespace text DEFAULT billguard.key_namespace())
   RETURNS text
   LANGUAGE c IMMUTABLE STRICT PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
   AS 'MODULE_PATHNAME', 'billguard_idempotency_key';
 COMMENT ON FUNCTION billguard.idempotency_key(text, text, text) IS
   'left(sha256_hex(customer_id || '':'' || billing_period || '':'' || namespace), 32): the content-hash Stripe idempotency key.';
 
 CREATE FUNCTION billguard.wake_dispatcher() RETURNS void
   LANGUAGE c VOLATILE PARALLEL UNSAFE
+  SET search_path = pg_catalog, pg_temp
   AS 'MODULE_PATHNAME', 'billguard_wake_dispatcher';
 COMMENT ON FUNCTION billguard.wake_dispatcher() IS
   'Wakes the dispatcher when the current transaction commits (no-op unless billguard is preloaded).';
@@ -24,12 +27,15 @@ COMMENT ON FUNCTION billguard.wake_dispatcher() IS
 -- constraints and argument checks: one definition of a valid YYYY-MM.
 CREATE FUNCTION billguard.is_billing_period(billing_period text) RETURNS boolean
   LANGUAGE c IMMUTABLE STRICT PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
   AS 'MODULE_PATHNAME', 'billguard_is_billing_period';
 
 -- Raises 22023 unless billing_period is a valid YYYY-MM; the one place the
 -- message is worded.
 CREATE FUNCTION billguard.check_billing_period(billing_period text) RETURNS void
-  LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+  LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  AS $$
 BEGIN
   IF billing_period IS NULL OR NOT billguard.is_billing_period(billing_period) THEN
     RAISE EXCEPTION 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got %',
@@ -45,4 +51,5 @@ CREATE FUNCTION billguard.billing_initiated_event(customer_id text, billing_peri
                                                   request_id text DEFAULT NULL)
   RETURNS jsonb
   LANGUAGE c STABLE PARALLEL SAFE   -- initiated_at is rendered in the session's TimeZone
+  SET search_path = pg_catalog, pg_temp
   AS 'MODULE_PATHNAME', 'billguard_billing_initiated_event';

@@ -29,7 +29,9 @@ COMMENT ON TABLE billguard.snapshots IS
 -- Only the retention function may delete events, and nothing may change
 -- them. It announces itself with a transaction-local setting.
 CREATE FUNCTION billguard.refuse_journal_change() RETURNS trigger
-  LANGUAGE plpgsql AS $$
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
 BEGIN
   IF TG_OP = 'DELETE' AND current_setting('billguard_internal.retention', true) = 'on' THEN
     RETURN NULL;
@@ -46,6 +48,7 @@ CREATE TRIGGER journal_append_only BEFORE UPDATE OR DELETE OR TRUNCATE ON billgu
 -- too, so it never goes back when retention deletes the events they cover.
 CREATE FUNCTION billguard.highest_seq_nr(persistence_id text) RETURNS bigint
   LANGUAGE sql STABLE STRICT PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
   RETURN greatest(
     (SELECT max(j.seq_nr) FROM billguard.journal j WHERE j.persistence_id = highest_seq_nr.persistence_id),
     (SELECT max(s.seq_nr) FROM billguard.snapshots s WHERE s.persistence_id = highest_seq_nr.persistence_id),

@@ -5,10 +5,13 @@
 -- Bumped whenever apply_event's state shape changes; older snapshots are
 -- then ignored and the state is folded from the journal.
 CREATE FUNCTION billguard.state_version() RETURNS integer
-  LANGUAGE sql IMMUTABLE PARALLEL SAFE RETURN 1;
+  LANGUAGE sql IMMUTABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  RETURN 1;
 
 CREATE FUNCTION billguard.initial_state(persistence_id text) RETURNS jsonb
   LANGUAGE sql IMMUTABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
   RETURN CASE
     WHEN persistence_id = 'billing-scheduler'
       THEN jsonb_build_object('entity', 'billing-scheduler', 'issued_periods', '[]'::jsonb)
@@ -20,6 +23,7 @@ CREATE FUNCTION billguard.initial_state(persistence_id text) RETURNS jsonb
 -- One step of the fold. Pure: the same events always give the same state.
 CREATE FUNCTION billguard.apply_event(state jsonb, event_type text, event jsonb) RETURNS jsonb
   LANGUAGE sql IMMUTABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
   RETURN CASE event_type
     WHEN 'BillingInitiated' THEN state || jsonb_build_object(
       'status', 'in_progress',

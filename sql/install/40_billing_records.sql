@@ -42,7 +42,9 @@ CREATE INDEX billing_records_due ON billguard.billing_records (next_attempt_at)
 -- (customer, period) be claimed again with a fresh history, and changing
 -- what identifies the charge would break "same key, same parameters".
 CREATE FUNCTION billguard.refuse_billing_record_change() RETURNS trigger
-  LANGUAGE plpgsql AS $$
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
 BEGIN
   IF TG_OP = 'UPDATE' THEN
     RAISE EXCEPTION 'billing record %/% : customer, period, key, amount and payee never change',
@@ -70,6 +72,7 @@ CREATE TRIGGER billing_records_frozen_identity BEFORE UPDATE ON billguard.billin
 -- How a record's status reads to a caller of bill_customer.
 CREATE FUNCTION billguard.caller_status(record_status text) RETURNS text
   LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
   RETURN CASE record_status
     WHEN 'completed' THEN 'already_completed'
     WHEN 'failed' THEN 'failed'
@@ -81,6 +84,10 @@ CREATE FUNCTION billguard.caller_status(record_status text) RETURNS text
 -- serialise claims: one per billing period, and one for the scheduler
 -- entity's journal.
 CREATE FUNCTION billguard.period_lock_class() RETURNS integer
-  LANGUAGE sql IMMUTABLE PARALLEL SAFE RETURN 1651068161;   -- 'bg' 0x0001
+  LANGUAGE sql IMMUTABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  RETURN 1651068161;   -- 'bg' 0x0001
 CREATE FUNCTION billguard.scheduler_lock_class() RETURNS integer
-  LANGUAGE sql IMMUTABLE PARALLEL SAFE RETURN 1651068162;   -- 'bg' 0x0002
+  LANGUAGE sql IMMUTABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  RETURN 1651068162;   -- 'bg' 0x0002

@@ -7,7 +7,9 @@
 CREATE FUNCTION billguard.append_billing_event(customer_id text, billing_period text,
                                                event_type text, event jsonb)
   RETURNS void
-  LANGUAGE plpgsql AS $$
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
 DECLARE
   entity text := 'billing-' || customer_id || '-' || billing_period;
 BEGIN
@@ -21,7 +23,9 @@ END $$;
 -- capped, scaled by a random factor in [0.5, 1).
 CREATE FUNCTION billguard.retry_delay(attempt integer, cap_seconds double precision DEFAULT 60)
   RETURNS interval
-  LANGUAGE plpgsql VOLATILE AS $$
+  LANGUAGE plpgsql VOLATILE
+  SET search_path = pg_catalog, pg_temp
+  AS $$
 BEGIN
   RETURN make_interval(secs => least(0.5 * power(2, greatest(attempt - 1, 0)), cap_seconds)
                                * (0.5 + random() / 2));
@@ -30,7 +34,9 @@ END $$;
 -- At dispatcher start: rows a previous dispatcher left 'dispatching' are due
 -- now, to be re-sent with their stored key.
 CREATE FUNCTION billguard.requeue_abandoned() RETURNS bigint
-  LANGUAGE sql AS $$
+  LANGUAGE sql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
   WITH requeued AS (
     UPDATE billguard.billing_records
        SET next_attempt_at = now(), lease_expires_at = NULL, updated_at = now()
@@ -51,7 +57,9 @@ CREATE FUNCTION billguard.claim_due_records(max_rows integer, lease interval,
   RETURNS TABLE (idempotency_key text, attempt integer, action text, customer_id text,
                  billing_period text, amount_cents bigint, currency text,
                  stripe_customer text, payment_method text)
-  LANGUAGE plpgsql AS $$
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
 #variable_conflict use_column
 BEGIN
   -- The dispatcher commits its answers asynchronously (a lost answer is
@@ -101,7 +109,9 @@ END $$;
 -- answer to an old attempt must not overwrite a newer state.
 CREATE FUNCTION billguard.lock_attempt(key text, attempt integer)
   RETURNS billguard.billing_records
-  LANGUAGE plpgsql AS $$
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
 DECLARE
   rec billguard.billing_records;
 BEGIN
@@ -114,11 +124,13 @@ END $$;
 -- Whether a response body is JSON, without raising (extension/journal_events.cpp).
 CREATE FUNCTION billguard.is_json(body text) RETURNS boolean
   LANGUAGE c IMMUTABLE STRICT PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
   AS 'MODULE_PATHNAME', 'billguard_is_json';
 
 -- jsonb of a response body, or NULL when it is not JSON.
 CREATE FUNCTION billguard.json_or_null(body text) RETURNS jsonb
   LANGUAGE sql IMMUTABLE
+  SET search_path = pg_catalog, pg_temp
   RETURN CASE WHEN billguard.is_json(body) THEN body::jsonb END;
 
 -- What an answer from Stripe means, following Stripe's documented
@@ -135,6 +147,7 @@ CREATE FUNCTION billguard.classify_stripe_response(http_status integer, should_r
                                                    error_type text, error_code text)
   RETURNS text
   LANGUAGE sql IMMUTABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
   RETURN CASE
     WHEN http_status BETWEEN 200 AND 299 THEN 'completed'
     WHEN http_status IN (401, 403) THEN 'paused'
@@ -154,7 +167,9 @@ CREATE FUNCTION billguard.record_charge_response(key text, attempt integer, http
                                                  body text, should_retry text, replayed boolean,
                                                  max_attempts integer, settle_delay interval)
   RETURNS text
-  LANGUAGE plpgsql AS $$
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
 DECLARE
   rec     billguard.billing_records;
   answer  jsonb := billguard.json_or_null(body);
@@ -243,6 +258,7 @@ END $$;
 -- "402 card_error/card_declined: Your card was declined."
 CREATE FUNCTION billguard.error_text(detail jsonb) RETURNS text
   LANGUAGE sql IMMUTABLE
+  SET search_path = pg_catalog, pg_temp
   RETURN concat_ws(' ', detail ->> 'http_status',
                    nullif(concat_ws('/', detail ->> 'type', detail ->> 'code'), '') || ':',
                    detail ->> 'message');
@@ -253,7 +269,9 @@ CREATE FUNCTION billguard.error_text(detail jsonb) RETURNS text
 CREATE FUNCTION billguard.record_transport_error(key text, attempt integer, message text,
                                                  max_attempts integer)
   RETURNS text
-  LANGUAGE plpgsql AS $$
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
 DECLARE
   rec      billguard.billing_records;
   terminal boolean := attempt >= max_attempts;
@@ -283,7 +301,9 @@ END $$;
 CREATE FUNCTION billguard.record_search_result(key text, attempt integer, http_status integer,
                                                body text)
   RETURNS text
-  LANGUAGE plpgsql AS $$
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
 DECLARE
   rec    billguard.billing_records;
   answer jsonb := billguard.json_or_null(body);
@@ -331,7 +351,9 @@ END $$;
 -- due again at once. A record claimed for a search goes back to 'unknown'.
 CREATE FUNCTION billguard.release_claim(key text, attempt integer, search boolean)
   RETURNS text
-  LANGUAGE plpgsql AS $$
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
 DECLARE
   rec billguard.billing_records;
 BEGIN

@@ -5,6 +5,7 @@ CREATE FUNCTION billguard.dispatcher_state(
     OUT pid integer, OUT started_at timestamptz, OUT paused boolean, OUT pause_reason text,
     OUT in_flight integer, OUT requests_sent bigint)
   LANGUAGE c VOLATILE
+  SET search_path = pg_catalog, pg_temp
   AS 'MODULE_PATHNAME', 'billguard_dispatcher_state';
 
 CREATE VIEW billguard.dispatch_status AS
@@ -36,7 +37,9 @@ COMMENT ON VIEW billguard.dispatch_status IS
 CREATE FUNCTION billguard.record_for_operator(customer_id text, billing_period text,
                                               allowed text[], action text)
   RETURNS billguard.billing_records
-  LANGUAGE plpgsql AS $$
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
 DECLARE
   rec billguard.billing_records;
   n   int := cardinality(allowed);
