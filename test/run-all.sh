@@ -39,12 +39,14 @@ echo "== TAP scenarios (races, restarts, crashes)"
 tap="$work/tap"
 mkdir -p "$tap" && chown -R postgres: "$tap" 2>/dev/null || true
 pgxs_perl="$(dirname "$(pg_config --pgxs)")/../../src/test/perl"
+# Ports are reserved in /tmp, so runs side by side on one machine never pick
+# the same one.
 run_tap() {
   if [ "$(id -u)" = 0 ]; then
-    runuser -u postgres -- env PATH="$PATH" TESTDIR="$tap" PG_REGRESS=/bin/true \
+    runuser -u postgres -- env PATH="$PATH" TESTDIR="$tap" PG_REGRESS=/bin/true PG_TEST_PORT_DIR=/tmp \
       BILLGUARD_ROOT="$root" prove -I "$pgxs_perl" -I "$root/test/lib" "$@"
   else
-    env TESTDIR="$tap" PG_REGRESS=/bin/true BILLGUARD_ROOT="$root" \
+    env TESTDIR="$tap" PG_REGRESS=/bin/true PG_TEST_PORT_DIR=/tmp BILLGUARD_ROOT="$root" \
       prove -I "$pgxs_perl" -I "$root/test/lib" "$@"
   fi
 }
