@@ -6,7 +6,8 @@
 #     compared with OIDs masked; configuration tables compared as a set);
 #   - every row it held is still there, unchanged;
 #   - the dispatcher (already the new library) waits while the database is
-#     at 0.1.0, then bills on the updated schema: the pending records of
+#     at 0.1.0 (and is kept from sending while rows are compared), then
+#     bills on the updated schema: the pending records of
 #     0.1.0 and a new period, one charge per key at the emulator.
 use strict;
 use warnings;
@@ -74,6 +75,10 @@ my %before = map { ($_ => table_rows($_)) } keys %columns;
 
 # ---- the update ---------------------------------------------------------------------
 
+# Without an API key the dispatcher sends nothing, so every row stays as it
+# was while the update runs and is compared.
+my $key_file = q1($node, 'SHOW billguard.api_key_file');
+reload_with($node, api_key_file => '');
 q1($node, 'ALTER EXTENSION billguard UPDATE');
 is(q1($node, "SELECT extversion FROM pg_extension WHERE extname = 'billguard'"), '0.2.0',
 	'ALTER EXTENSION billguard UPDATE reaches 0.2.0');
@@ -124,6 +129,8 @@ sub first_difference {
 }
 
 # ---- the dispatcher works on the updated schema -------------------------------------
+
+reload_with($node, api_key_file => $key_file);
 
 ok(wait_until_settled($node, '2026-07'), 'the records claimed under 0.1.0 are sent after the update');
 is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-09')"), '31', '0.2.0: 2026-09 claimed');
