@@ -5,7 +5,7 @@
 CREATE TABLE billguard.currencies (
   code        text PRIMARY KEY CHECK (code ~ '^[a-z]{3}$'),
   minor_units smallint NOT NULL CHECK (minor_units BETWEEN 0 AND 3),
-  -- Made by CREATE EXTENSION, so pg_dump leaves it out (90_privileges.sql).
+  -- The ISO rows CREATE EXTENSION makes: pg_dump leaves them out (90_privileges.sql).
   builtin     boolean NOT NULL DEFAULT false
 );
 INSERT INTO billguard.currencies (code, minor_units, builtin)

@@ -54,8 +54,8 @@ BEGIN
       USING ERRCODE = 'serialization_failure';
   END;
 
-  -- Every record of the period, whatever its account has become since: the
-  -- counts period_status gives. Others' claims committed before we took the lock.
+  -- Every record of the period (others' claims committed before we took the
+  -- lock), whatever its account has become since: period_status's counts.
   SELECT count(*) FILTER (WHERE r.status = 'completed'),
          count(*) FILTER (WHERE r.status IN ('pending', 'dispatching', 'unknown', 'needs_review')),
          count(*) FILTER (WHERE r.status IN ('failed', 'blocked')),
