@@ -35,6 +35,7 @@ namespace {
 struct Installation {
   bool installed = false;
   Oid schema = InvalidOid;
+  const char* schema_name = nullptr;
   Oid extension_owner = InvalidOid;
   Oid schema_owner = InvalidOid;
 };
@@ -58,7 +59,9 @@ Installation FindInstallation() {
   if (found.installed) {
     HeapTuple schema = SearchSysCache1(NAMESPACEOID, ObjectIdGetDatum(found.schema));
     if (HeapTupleIsValid(schema)) {
-      found.schema_owner = reinterpret_cast<Form_pg_namespace>(GETSTRUCT(schema))->nspowner;
+      const auto* form = reinterpret_cast<Form_pg_namespace>(GETSTRUCT(schema));
+      found.schema_name = pstrdup(NameStr(form->nspname));
+      found.schema_owner = form->nspowner;
       ReleaseSysCache(schema);
     }
   }
@@ -77,8 +80,8 @@ bool DropsBillguard(Node* statement, const Installation& billguard) {
   if (IsA(statement, DropStmt)) {
     const auto* drop = reinterpret_cast<DropStmt*>(statement);
     if (drop->removeType == OBJECT_EXTENSION) return NamesInclude(drop->objects, "billguard");
-    if (drop->removeType == OBJECT_SCHEMA) {
-      return NamesInclude(drop->objects, get_namespace_name(billguard.schema));
+    if (drop->removeType == OBJECT_SCHEMA && billguard.schema_name != nullptr) {
+      return NamesInclude(drop->objects, billguard.schema_name);
     }
     return false;
   }
@@ -92,11 +95,14 @@ bool DropsBillguard(Node* statement, const Installation& billguard) {
   return false;
 }
 
-int64 BillingRecordCount(Oid schema) {
-  if (!OidIsValid(get_relname_relid("billing_records", schema))) return 0;
+int64 BillingRecordCount(const Installation& billguard) {
+  if (billguard.schema_name == nullptr ||
+      !OidIsValid(get_relname_relid("billing_records", billguard.schema))) {
+    return 0;
+  }
   const char* query =
       psprintf("SELECT count(*) FROM %s",
-               quote_qualified_identifier(get_namespace_name(schema), "billing_records"));
+               quote_qualified_identifier(billguard.schema_name, "billing_records"));
   SPI_connect();
   if (SPI_execute(query, true, 1) != SPI_OK_SELECT || SPI_processed != 1) {
     ereport(ERROR, (errmsg("billguard: could not count billing records")));
@@ -118,7 +124,7 @@ void ProtectHistory(FunctionCallInfo fcinfo) {
   const auto* event = reinterpret_cast<EventTriggerData*>(fcinfo->context);
   const Installation billguard = FindInstallation();
   if (!billguard.installed || !DropsBillguard(event->parsetree, billguard)) return;
-  const int64 records = BillingRecordCount(billguard.schema);
+  const int64 records = BillingRecordCount(billguard);
   if (records == 0) return;
   const char* command = GetCommandTagName(event->tag);
   ereport(ERROR,
