@@ -17,6 +17,8 @@ OBJS = \
 	extension/shared_state.o \
 	extension/dispatcher_wakeup.o \
 	extension/idempotency_key.o \
+	extension/customer_id.o \
+	extension/history_guard.o \
 	extension/journal_events.o \
 	extension/spi_transaction.o \
 	extension/dispatch_queue.o \

@@ -86,8 +86,13 @@ bool CheckStripeEndpoint(char** newval, void** /*extra*/, GucSource /*source*/) 
 
 void DefineDispatcherSettings() {
   using namespace billguard::settings;
-  DefineCustomStringVariable("billguard.database", "Database the dispatcher works in.", nullptr,
-                             &database, "postgres", PGC_POSTMASTER, 0, nullptr, nullptr, nullptr);
+  // A PGC_POSTMASTER setting defined after startup is FATAL: a session that
+  // loads billguard without preloading (CREATE EXTENSION, the DROP guard)
+  // runs no dispatcher and leaves it undefined.
+  if (process_shared_preload_libraries_in_progress) {
+    DefineCustomStringVariable("billguard.database", "Database the dispatcher works in.", nullptr,
+                               &database, "postgres", PGC_POSTMASTER, 0, nullptr, nullptr, nullptr);
+  }
   DefineCustomStringVariable("billguard.api_base", "Base URL of the Stripe API (or the proxy).",
                              nullptr, &api_base, "https://api.stripe.com", PGC_SIGHUP, 0,
                              CheckApiBase, nullptr, nullptr);

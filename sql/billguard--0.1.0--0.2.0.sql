@@ -38,3 +38,573 @@ ALTER FUNCTION billguard.record_search_result(text,integer,integer,text) SET sea
 ALTER FUNCTION billguard.release_claim(text,integer,boolean) SET search_path = pg_catalog, pg_temp;
 ALTER FUNCTION billguard.dispatcher_state() SET search_path = pg_catalog, pg_temp;
 ALTER FUNCTION billguard.record_for_operator(text,text,text[],text) SET search_path = pg_catalog, pg_temp;
+
+-- ==== Data that must never be lost or confused (issue 6, items 3, 7, 8, 9, 10, 11 accounts.updated_at, 19, 21) ====
+
+-- The one definition of a valid customer id, for the CHECK on
+-- billguard.accounts (extension/customer_id.cpp): 1..255 bytes, NFC, no
+-- control character, and neither first nor last character blank or
+-- invisible (White_Space, format characters, default-ignorables), so that no
+-- two accounts can look alike. In a database whose encoding is not UTF8 an
+-- id is printable ASCII.
+CREATE FUNCTION billguard.is_valid_customer_id(customer_id text) RETURNS boolean
+  LANGUAGE c IMMUTABLE STRICT PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  AS 'MODULE_PATHNAME', 'billguard_is_valid_customer_id';
+COMMENT ON FUNCTION billguard.is_valid_customer_id(text) IS
+  'True for 1..255 bytes in NFC without control characters that neither begin nor end with white space or an invisible character.';
+
+-- Accounts that 0.2.0's rules refuse stop the update before anything
+-- changes: amounts above Stripe's largest charge, and customer ids that are
+-- not NFC or begin or end with a blank or invisible character (listed with
+-- every character outside printable ASCII written as <U+XXXX>).
+DO $$
+DECLARE
+  listed text;
+BEGIN
+  SELECT string_agg(format('%s (%s)', quote_literal(a.customer_id), a.amount_cents), ', '
+                    ORDER BY a.customer_id)
+    INTO listed
+    FROM billguard.accounts a WHERE a.amount_cents > 99999999;
+  IF listed IS NOT NULL THEN
+    RAISE EXCEPTION 'billguard 0.2.0 caps accounts.amount_cents at 99999999, Stripe''s largest charge; these accounts exceed it: %',
+                    listed
+      USING ERRCODE = 'check_violation',
+            HINT = 'Correct their amount_cents (UPDATE billguard.accounts), then run ALTER EXTENSION billguard UPDATE again.';
+  END IF;
+  SELECT string_agg(quote_literal(
+           (SELECT string_agg(CASE WHEN c.ch ~ '^[!-~]$' THEN c.ch
+                                   ELSE format('<U+%s>', upper(lpad(to_hex(ascii(c.ch)), 4, '0'))) END,
+                              '' ORDER BY c.n)
+              FROM regexp_split_to_table(a.customer_id, '') WITH ORDINALITY AS c (ch, n))),
+           ', ' ORDER BY a.customer_id)
+    INTO listed
+    FROM billguard.accounts a WHERE NOT billguard.is_valid_customer_id(a.customer_id);
+  IF listed IS NOT NULL THEN
+    RAISE EXCEPTION 'billguard 0.2.0 refuses customer ids that are not NFC or begin or end with white space or an invisible character; these accounts have one: %',
+                    listed
+      USING ERRCODE = 'check_violation',
+            HINT = 'Give them the id they show (UPDATE billguard.accounts SET customer_id = ...), or delete look-alike duplicates, then run ALTER EXTENSION billguard UPDATE again.';
+  END IF;
+END $$;
+
+-- Item 3.
+-- Only the retention function may delete events, and nothing may change
+-- them. apply_retention is SECURITY DEFINER, so its DELETE runs as the
+-- journal's owner, a role nobody but a superuser can become: that is the
+-- guard, since any session can set any setting. The transaction-local
+-- setting it raises keeps the owner's own stray DELETE out too.
+CREATE OR REPLACE FUNCTION billguard.refuse_journal_change() RETURNS trigger
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+BEGIN
+  IF TG_OP = 'DELETE' AND current_setting('billguard_internal.retention', true) = 'on'
+     AND current_user = (SELECT pg_get_userbyid(c.relowner) FROM pg_class c WHERE c.oid = TG_RELID) THEN
+    RETURN NULL;
+  END IF;
+  RAISE EXCEPTION 'billguard.journal is append-only: % refused', TG_OP
+    USING ERRCODE = 'insufficient_privilege',
+          HINT = 'Old events are removed only by billguard.apply_retention().';
+END $$;
+
+-- Item 10: rows of currencies that CREATE EXTENSION makes are not dumped;
+-- rows users added or changed are.
+ALTER TABLE billguard.currencies ADD COLUMN builtin boolean;
+UPDATE billguard.currencies c SET builtin = (c.code, c.minor_units) IN (VALUES
+  ('aed', 2), ('afn', 2), ('all', 2), ('amd', 2), ('ang', 2), ('aoa', 2), ('ars', 2), ('aud', 2),
+  ('awg', 2), ('azn', 2), ('bam', 2), ('bbd', 2), ('bdt', 2), ('bgn', 2), ('bhd', 3), ('bif', 0),
+  ('bmd', 2), ('bnd', 2), ('bob', 2), ('brl', 2), ('bsd', 2), ('btn', 2), ('bwp', 2), ('byn', 2),
+  ('bzd', 2), ('cad', 2), ('cdf', 2), ('chf', 2), ('clp', 0), ('cny', 2), ('cop', 2), ('crc', 2),
+  ('cup', 2), ('cve', 2), ('czk', 2), ('djf', 0), ('dkk', 2), ('dop', 2), ('dzd', 2), ('egp', 2),
+  ('ern', 2), ('etb', 2), ('eur', 2), ('fjd', 2), ('fkp', 2), ('gbp', 2), ('gel', 2), ('ghs', 2),
+  ('gip', 2), ('gmd', 2), ('gnf', 0), ('gtq', 2), ('gyd', 2), ('hkd', 2), ('hnl', 2), ('htg', 2),
+  ('huf', 2), ('idr', 2), ('ils', 2), ('inr', 2), ('iqd', 3), ('irr', 2), ('isk', 0), ('jmd', 2),
+  ('jod', 3), ('jpy', 0), ('kes', 2), ('kgs', 2), ('khr', 2), ('kmf', 0), ('kpw', 2), ('krw', 0),
+  ('kwd', 3), ('kyd', 2), ('kzt', 2), ('lak', 2), ('lbp', 2), ('lkr', 2), ('lrd', 2), ('lsl', 2),
+  ('lyd', 3), ('mad', 2), ('mdl', 2), ('mga', 2), ('mkd', 2), ('mmk', 2), ('mnt', 2), ('mop', 2),
+  ('mru', 2), ('mur', 2), ('mvr', 2), ('mwk', 2), ('mxn', 2), ('myr', 2), ('mzn', 2), ('nad', 2),
+  ('ngn', 2), ('nio', 2), ('nok', 2), ('npr', 2), ('nzd', 2), ('omr', 3), ('pab', 2), ('pen', 2),
+  ('pgk', 2), ('php', 2), ('pkr', 2), ('pln', 2), ('pyg', 0), ('qar', 2), ('ron', 2), ('rsd', 2),
+  ('rub', 2), ('rwf', 0), ('sar', 2), ('sbd', 2), ('scr', 2), ('sdg', 2), ('sek', 2), ('sgd', 2),
+  ('shp', 2), ('sle', 2), ('sll', 2), ('sos', 2), ('srd', 2), ('ssp', 2), ('stn', 2), ('svc', 2),
+  ('syp', 2), ('szl', 2), ('thb', 2), ('tjs', 2), ('tmt', 2), ('tnd', 3), ('top', 2), ('try', 2),
+  ('ttd', 2), ('twd', 2), ('tzs', 2), ('uah', 2), ('ugx', 0), ('usd', 2), ('uyu', 2), ('uzs', 2),
+  ('ves', 2), ('vnd', 0), ('vuv', 0), ('wst', 2), ('xaf', 0), ('xcd', 2), ('xcg', 2), ('xof', 0),
+  ('xpf', 0), ('yer', 2), ('zar', 2), ('zmw', 2), ('zwg', 2), ('zwl', 2)
+);
+ALTER TABLE billguard.currencies
+  ALTER COLUMN builtin SET DEFAULT false,
+  ALTER COLUMN builtin SET NOT NULL;
+
+-- pg_dump carries the currencies users added and the built-in ones they
+-- changed, which stop being built-in here. pg_restore runs CREATE EXTENSION
+-- first: a dumped row for a built-in code then replaces the built-in values
+-- instead of colliding with them (and taking every other dumped row down).
+CREATE FUNCTION billguard.keep_user_currency() RETURNS trigger
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+BEGIN
+  IF TG_OP = 'INSERT' THEN
+    UPDATE billguard.currencies c SET minor_units = NEW.minor_units
+     WHERE c.code = NEW.code AND c.builtin;
+    IF FOUND THEN
+      RETURN NULL;
+    END IF;
+    NEW.builtin := false;
+  ELSE
+    NEW.builtin := OLD.builtin AND NEW.code = OLD.code AND NEW.minor_units = OLD.minor_units;
+  END IF;
+  RETURN NEW;
+END $$;
+
+CREATE TRIGGER currencies_user_rows BEFORE INSERT OR UPDATE ON billguard.currencies
+  FOR EACH ROW EXECUTE FUNCTION billguard.keep_user_currency();
+SELECT pg_catalog.pg_extension_config_dump('billguard.currencies', 'WHERE NOT builtin');
+
+-- Items 7, 8, 11, 21: accounts.
+ALTER TABLE billguard.accounts
+  DROP CONSTRAINT accounts_customer_id_valid,
+  ADD CONSTRAINT accounts_customer_id_valid CHECK (billguard.is_valid_customer_id(customer_id)),
+  ADD CONSTRAINT accounts_amount_within_stripe_max CHECK (amount_cents <= 99999999);
+
+CREATE FUNCTION billguard.touch_updated_at() RETURNS trigger
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+BEGIN
+  NEW.updated_at := now();
+  RETURN NEW;
+END $$;
+
+CREATE TRIGGER accounts_updated_at BEFORE UPDATE ON billguard.accounts
+  FOR EACH ROW WHEN (OLD.* IS DISTINCT FROM NEW.*)
+  EXECUTE FUNCTION billguard.touch_updated_at();
+
+-- Billing records name their account by customer_id alone (a foreign key
+-- would tax every claim of bill_period). Once an account has records, a new
+-- id for it, by UPDATE or by DELETE and INSERT, is a new customer to
+-- bill_period, billed again for the periods it has already paid.
+-- SECURITY DEFINER: whoever maintains accounts need not read billing_records.
+CREATE FUNCTION billguard.refuse_billed_account_change() RETURNS trigger
+  LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  billed bigint;
+BEGIN
+  IF TG_OP = 'TRUNCATE' THEN
+    SELECT count(*) INTO billed FROM billguard.accounts a
+     WHERE EXISTS (SELECT FROM billguard.billing_records r WHERE r.customer_id = a.customer_id);
+    IF billed > 0 THEN
+      RAISE EXCEPTION 'billguard.accounts cannot be truncated: % accounts have billing records', billed
+        USING ERRCODE = 'restrict_violation',
+              HINT = 'Deactivate them instead: UPDATE billguard.accounts SET active = false.';
+    END IF;
+    RETURN NULL;
+  END IF;
+  IF TG_OP = 'UPDATE' AND NEW.customer_id = OLD.customer_id THEN
+    RETURN NEW;
+  END IF;
+  IF EXISTS (SELECT FROM billguard.billing_records r WHERE r.customer_id = OLD.customer_id) THEN
+    RAISE EXCEPTION 'account % has billing records: %', quote_literal(OLD.customer_id),
+                    CASE TG_OP WHEN 'UPDATE' THEN 'its customer_id never changes'
+                                              ELSE 'it is never deleted' END
+      USING ERRCODE = 'restrict_violation',
+            DETAIL = 'Under another id the same customer would be billed again for the periods already billed.',
+            HINT = 'Deactivate it instead: UPDATE billguard.accounts SET active = false.';
+  END IF;
+  RETURN CASE TG_OP WHEN 'DELETE' THEN OLD ELSE NEW END;
+END $$;
+
+CREATE TRIGGER accounts_keep_billed_ids BEFORE UPDATE OF customer_id OR DELETE ON billguard.accounts
+  FOR EACH ROW EXECUTE FUNCTION billguard.refuse_billed_account_change();
+CREATE TRIGGER accounts_keep_billed_rows BEFORE TRUNCATE ON billguard.accounts
+  FOR EACH STATEMENT EXECUTE FUNCTION billguard.refuse_billed_account_change();
+
+-- Item 19: the status 'cancelled'.
+ALTER TABLE billguard.billing_records
+  DROP CONSTRAINT billing_records_status_valid,
+  ADD CONSTRAINT billing_records_status_valid CHECK (status IN
+    ('pending', 'dispatching', 'completed', 'failed', 'blocked', 'needs_review', 'unknown',
+     'cancelled'));
+
+-- How a record's status reads to a caller of bill_customer.
+CREATE OR REPLACE FUNCTION billguard.caller_status(record_status text) RETURNS text
+  LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  RETURN CASE record_status
+    WHEN 'completed' THEN 'already_completed'
+    WHEN 'failed' THEN 'failed'
+    WHEN 'blocked' THEN 'blocked'
+    WHEN 'cancelled' THEN 'cancelled'
+    ELSE 'in_progress'   -- pending, dispatching, unknown, needs_review
+  END;
+
+-- One step of the fold. Pure: the same events always give the same state.
+CREATE OR REPLACE FUNCTION billguard.apply_event(state jsonb, event_type text, event jsonb) RETURNS jsonb
+  LANGUAGE sql IMMUTABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  RETURN CASE event_type
+    WHEN 'BillingInitiated' THEN state || jsonb_build_object(
+      'status', 'in_progress',
+      'customer_id', event -> 'customer_id',
+      'billing_period', event -> 'billing_period',
+      'idempotency_key', event -> 'idempotency_key',
+      'amount_cents', event -> 'amount_cents',
+      'currency', event -> 'currency',
+      'initiated_at', event -> 'initiated_at')
+    WHEN 'ChargeAttempted' THEN state || jsonb_build_object(
+      'attempts', coalesce(event -> 'attempt', to_jsonb(coalesce((state ->> 'attempts')::int, 0) + 1)))
+    WHEN 'BillingCompleted' THEN state || jsonb_build_object(
+      'status', 'completed', 'charge_id', event -> 'charge_id')
+    WHEN 'ChargeReconciled' THEN state || jsonb_build_object(
+      'status', 'completed', 'charge_id', event -> 'charge_id')
+    WHEN 'ReviewResolved' THEN state || jsonb_build_object(
+      'status', 'completed', 'charge_id', event -> 'charge_id')
+    WHEN 'BillingFailed' THEN state || jsonb_build_object(
+      'status', CASE WHEN (event ->> 'terminal')::boolean THEN 'failed' ELSE state ->> 'status' END,
+      'last_error', event - 'terminal')
+    WHEN 'ChargeUnknown' THEN state || jsonb_build_object('status', 'unknown')
+    WHEN 'NeedsReview' THEN state || jsonb_build_object('status', 'needs_review')
+    WHEN 'BillingBlocked' THEN state || jsonb_build_object('status', 'blocked')
+    WHEN 'RecordRequeued' THEN state || jsonb_build_object('status', 'in_progress')
+    WHEN 'BillingCancelled' THEN state || jsonb_build_object('status', 'cancelled')
+    WHEN 'BillingTickIssued' THEN jsonb_set(state, '{issued_periods}',
+      CASE WHEN (state -> 'issued_periods') ? (event ->> 'billing_period')
+           THEN state -> 'issued_periods'
+           ELSE coalesce(state -> 'issued_periods', '[]'::jsonb) || jsonb_build_array(event -> 'billing_period')
+      END)
+    ELSE state
+  END || jsonb_build_object('last_event_type', event_type);
+
+-- Items 19 and 21: bill_period counts cancelled records, period_status sums
+-- in numeric. New result types need DROP and CREATE: the old functions are
+-- renamed first, so that the grants users gave on them (README, Privileges)
+-- can be carried over to the new ones.
+ALTER FUNCTION billguard.bill_period(text) RENAME TO bill_period_0_1_0;
+ALTER FUNCTION billguard.claim_period(text) RENAME TO claim_period_0_1_0;
+ALTER FUNCTION billguard.period_status(text) RENAME TO period_status_0_1_0;
+
+CREATE FUNCTION billguard.claim_period(period text)
+  RETURNS TABLE (initiated bigint, already_completed bigint, in_progress bigint, failed bigint,
+                 cancelled bigint)
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  -- The anti-join below reads billing_records while the same statement
+  -- inserts into it; planned as a nested loop over a seq scan (likely while
+  -- the table is new and unanalysed) it would rescan the growing table per
+  -- account. Hash and merge joins keep a large period linear.
+  SET enable_nestloop = off
+  AS $$
+#variable_conflict use_column
+DECLARE
+  ns        text := billguard.key_namespace();
+  scheduler_state jsonb;
+BEGIN
+  PERFORM billguard.check_billing_period(period);
+
+  -- Claims of one period are serialised: bill_period holds the period's
+  -- lock exclusively, bill_customer holds it shared. Once we have it, every
+  -- earlier claim is committed and visible to the next statement, so a plain
+  -- set-based INSERT of the accounts without a record claims each exactly
+  -- once; no per-row speculative insertion, no row-order deadlocks.
+  PERFORM pg_advisory_xact_lock(billguard.period_lock_class(), hashtext(period));
+  BEGIN
+    WITH claimed AS (
+      INSERT INTO billguard.billing_records AS r
+             (customer_id, billing_period, idempotency_key, amount_cents, currency,
+              stripe_customer, payment_method)
+      SELECT a.customer_id, period, billguard.idempotency_key(a.customer_id, period, ns),
+             a.amount_cents, a.currency, a.stripe_customer, a.payment_method
+        FROM billguard.accounts a
+       WHERE a.active
+         AND NOT EXISTS (SELECT FROM billguard.billing_records e
+                          WHERE e.customer_id = a.customer_id AND e.billing_period = period)
+      RETURNING r.customer_id, r.idempotency_key, r.amount_cents, r.currency, r.created_at
+    ), journaled AS (
+      INSERT INTO billguard.journal (persistence_id, seq_nr, customer_id, event_type, event)
+      SELECT 'billing-' || c.customer_id || '-' || period, 1, c.customer_id, 'BillingInitiated',
+             billguard.billing_initiated_event(c.customer_id, period, c.idempotency_key,
+                                               c.amount_cents, c.currency, c.created_at)
+        FROM claimed c
+      RETURNING 1
+    )
+    SELECT count(*) INTO initiated FROM journaled;
+  EXCEPTION WHEN unique_violation THEN
+    -- Only a REPEATABLE READ / SERIALIZABLE caller whose snapshot predates
+    -- another claim gets here; nothing of this call is kept.
+    RAISE EXCEPTION 'billing records of % were claimed concurrently; retry the transaction', period
+      USING ERRCODE = 'serialization_failure';
+  END;
+
+  -- Every record of the period (others' claims committed before we took the
+  -- lock), whatever its account has become since: period_status's counts.
+  SELECT count(*) FILTER (WHERE r.status = 'completed'),
+         count(*) FILTER (WHERE r.status IN ('pending', 'dispatching', 'unknown', 'needs_review')),
+         count(*) FILTER (WHERE r.status IN ('failed', 'blocked')),
+         count(*) FILTER (WHERE r.status = 'cancelled')
+    INTO already_completed, in_progress, failed, cancelled
+    FROM billguard.billing_records r
+   WHERE r.billing_period = period;
+  in_progress := in_progress - initiated;   -- our own claims are pending too
+
+  -- The first time a period is billed, the scheduler entity records it.
+  -- The advisory lock serialises appends to that one entity.
+  PERFORM pg_advisory_xact_lock(billguard.scheduler_lock_class(), 0);
+  scheduler_state := billguard.entity_state('billing-scheduler');
+  IF NOT (scheduler_state -> 'issued_periods') ? period THEN
+    PERFORM billguard.append_event('billing-scheduler', (scheduler_state ->> 'seq_nr')::bigint,
+                                   'BillingTickIssued',
+                                   jsonb_build_object('billing_period', period,
+                                                      'issued_at', clock_timestamp()));
+  END IF;
+
+  IF initiated > 0 THEN
+    PERFORM billguard.wake_dispatcher();
+  END IF;
+  RETURN NEXT;
+END $$;
+
+CREATE FUNCTION billguard.bill_period(billing_period text)
+  RETURNS TABLE (billing_period text, initiated bigint, already_completed bigint,
+                 in_progress bigint, failed bigint, cancelled bigint)
+  LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+  BEGIN ATOMIC
+    SELECT bill_period.billing_period, c.initiated, c.already_completed, c.in_progress, c.failed,
+           c.cancelled
+      FROM billguard.claim_period(bill_period.billing_period) c;
+  END;
+COMMENT ON FUNCTION billguard.bill_period(text) IS
+  'Claims and queues one charge per active account for the period; idempotent and safe to run concurrently.';
+
+CREATE FUNCTION billguard.period_status(billing_period text)
+  RETURNS TABLE (status text, count bigint, amount_cents numeric)
+  LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+  PERFORM billguard.check_billing_period(period_status.billing_period);
+  RETURN QUERY
+    -- sum(bigint) is numeric: no total overflows, whatever amounts records
+    -- claimed before amounts were capped hold.
+    SELECT st.status, count(r.status), coalesce(sum(r.amount_cents), 0)
+      FROM unnest(ARRAY['pending', 'dispatching', 'unknown', 'needs_review', 'completed',
+                        'failed', 'blocked', 'cancelled']) WITH ORDINALITY AS st (status, position)
+      LEFT JOIN billguard.billing_records r
+        ON r.status = st.status AND r.billing_period = period_status.billing_period
+     GROUP BY st.status, st.position
+     ORDER BY st.position;
+END $$;
+COMMENT ON FUNCTION billguard.period_status(text) IS
+  'One row per record status for the period: how many records, and their amount in minor units.';
+
+REVOKE ALL ON FUNCTION billguard.claim_period(text), billguard.bill_period(text),
+  billguard.period_status(text) FROM PUBLIC;
+
+-- A GRANT in an extension script also records the grant among the
+-- extension's initial privileges, which pg_dump leaves out as the
+-- extension's own: after carrying users' grants over, the initial privileges
+-- are set back to a fresh install's, so the grants stay users' and dumped.
+DO $$
+DECLARE
+  replaced record;
+  fresh aclitem[];
+  grant_of record;
+BEGIN
+  FOR replaced IN
+    SELECT old.oid AS old_oid, new.oid AS new_oid
+      FROM unnest(ARRAY['bill_period', 'period_status']) AS f (name)
+      JOIN pg_proc old ON old.pronamespace = 'billguard'::regnamespace AND old.proname = f.name || '_0_1_0'
+      JOIN pg_proc new ON new.pronamespace = 'billguard'::regnamespace AND new.proname = f.name
+  LOOP
+    SELECT p.proacl INTO fresh FROM pg_proc p WHERE p.oid = replaced.new_oid;
+    FOR grant_of IN
+      SELECT pg_get_userbyid(a.grantee) AS grantee, a.is_grantable
+        FROM pg_proc p, aclexplode(p.proacl) a
+       WHERE p.oid = replaced.old_oid AND a.privilege_type = 'EXECUTE'
+         AND a.grantee NOT IN (0, p.proowner)
+    LOOP
+      EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I%s', replaced.new_oid::regprocedure,
+                     grant_of.grantee, CASE WHEN grant_of.is_grantable THEN ' WITH GRANT OPTION' END);
+    END LOOP;
+    UPDATE pg_init_privs i SET initprivs = fresh
+     WHERE i.objoid = replaced.new_oid AND i.classoid = 'pg_proc'::regclass AND i.objsubid = 0;
+  END LOOP;
+END $$;
+DROP FUNCTION billguard.bill_period_0_1_0(text), billguard.claim_period_0_1_0(text),
+  billguard.period_status_0_1_0(text);
+
+-- Withdrawing a billing that was never sent: by an operator (cancel_record)
+-- or because its account was deactivated. Only a record no dispatcher ever
+-- claimed is provably unsent; one that was claimed may have charged the
+-- customer already, and must reach its outcome. The dispatcher claims only
+-- pending, dispatching and unknown records, so a cancelled one is never sent.
+
+-- Cancels the never-sent records of customer_id (of one period, or of every
+-- period when billing_period is NULL), each with a BillingCancelled event;
+-- returns how many. The UPDATE locks each row: a record a dispatcher is
+-- claiming at this moment is read again once that claim commits, and then
+-- no longer matches.
+CREATE FUNCTION billguard.cancel_unsent(customer_id text, billing_period text, reason text)
+  RETURNS bigint
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+DECLARE
+  rec record;
+  cancelled bigint := 0;
+BEGIN
+  FOR rec IN
+    UPDATE billguard.billing_records r SET status = 'cancelled', updated_at = now()
+     WHERE r.customer_id = cancel_unsent.customer_id
+       AND (cancel_unsent.billing_period IS NULL OR r.billing_period = cancel_unsent.billing_period)
+       AND r.status = 'pending' AND r.first_dispatched_at IS NULL
+    RETURNING r.customer_id, r.billing_period
+  LOOP
+    PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'BillingCancelled',
+      jsonb_build_object('previous_status', 'pending', 'reason', reason, 'by', session_user));
+    cancelled := cancelled + 1;
+  END LOOP;
+  RETURN cancelled;
+END $$;
+
+-- Cancels the record of (customer_id, billing_period) if it was never sent;
+-- cancelling a cancelled record again changes nothing. Wakes nothing.
+CREATE FUNCTION billguard.cancel_record(customer_id text, billing_period text)
+  RETURNS text
+  LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  rec billguard.billing_records;
+BEGIN
+  PERFORM billguard.check_billing_period(cancel_record.billing_period);
+  SELECT * INTO rec FROM billguard.billing_records r
+   WHERE r.customer_id = cancel_record.customer_id AND r.billing_period = cancel_record.billing_period
+     FOR UPDATE;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'no billing record for % in %', quote_literal(left(cancel_record.customer_id, 64)),
+                    cancel_record.billing_period
+      USING ERRCODE = 'no_data_found';
+  END IF;
+  IF rec.status = 'cancelled' THEN
+    RETURN 'cancelled';
+  END IF;
+  IF rec.status <> 'pending' OR rec.first_dispatched_at IS NOT NULL THEN
+    RAISE EXCEPTION 'billing record %/% cannot be cancelled: it is %, so it may already have charged the customer',
+                    rec.customer_id, rec.billing_period,
+                    rec.status || coalesce(' and was first sent to Stripe at ' || rec.first_dispatched_at, '')
+      USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Only a record that was never sent can be cancelled. Let this one reach its '
+                   'outcome, and refund a completed charge in Stripe.';
+  END IF;
+  PERFORM billguard.cancel_unsent(rec.customer_id, rec.billing_period, 'cancel_record');
+  RETURN 'cancelled';
+END $$;
+COMMENT ON FUNCTION billguard.cancel_record(text, text) IS
+  'Cancels a billing record that was never sent to Stripe; refuses one that may have been (22023).';
+
+-- Deactivating an account withdraws its billings that were never sent.
+-- SECURITY DEFINER: whoever maintains accounts need not write billing_records.
+CREATE FUNCTION billguard.cancel_unsent_of_deactivated() RETURNS trigger
+  LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  PERFORM billguard.cancel_unsent(NEW.customer_id, NULL, 'account deactivated');
+  RETURN NULL;
+END $$;
+
+CREATE TRIGGER accounts_deactivated AFTER UPDATE OF active ON billguard.accounts
+  FOR EACH ROW WHEN (OLD.active AND NOT NEW.active)
+  EXECUTE FUNCTION billguard.cancel_unsent_of_deactivated();
+
+-- The billing history outlives billguard: dropping the extension would drop
+-- billing_records and the journal with it, and a billguard installed again
+-- would claim, and charge, periods already billed.
+
+-- Refuses DROP EXTENSION billguard, DROP SCHEMA billguard and DROP OWNED BY
+-- their owner while billing_records holds rows (extension/history_guard.cpp).
+CREATE FUNCTION billguard.protect_history() RETURNS event_trigger
+  LANGUAGE c
+  SET search_path = pg_catalog, pg_temp
+  AS 'MODULE_PATHNAME', 'billguard_protect_history';
+
+CREATE EVENT TRIGGER billguard_protect_history ON ddl_command_start
+  WHEN TAG IN ('DROP EXTENSION', 'DROP SCHEMA', 'DROP OWNED')
+  EXECUTE FUNCTION billguard.protect_history();
+
+-- Retiring billguard and keeping its history: every table that holds users'
+-- data (the tables pg_dump carries) leaves the extension for archive_schema,
+-- read-only, and DROP EXTENSION billguard is then allowed. Refused while a
+-- record may still be sent (pending, dispatching, unknown): let those settle,
+-- or cancel the never-sent ones, first. Only the extension's owner can run it.
+CREATE FUNCTION billguard.archive_history(archive_schema text)
+  RETURNS TABLE (archived_table text, row_count bigint)
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+DECLARE
+  extension oid := (SELECT e.oid FROM pg_extension e WHERE e.extname = 'billguard');
+  history regclass[] := (SELECT e.extconfig FROM pg_extension e WHERE e.oid = extension);
+  unsettled bigint;
+  dependent record;
+  history_table regclass;
+BEGIN
+  IF archive_schema IS NULL OR archive_schema IN ('', 'billguard') THEN
+    RAISE EXCEPTION 'archive_schema must name a schema other than billguard'
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  -- Nothing claims or records while the tables move.
+  EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', array_to_string(history, ', '));
+  SELECT count(*) INTO unsettled FROM billguard.billing_records r
+   WHERE r.status IN ('pending', 'dispatching', 'unknown');
+  IF unsettled > 0 THEN
+    RAISE EXCEPTION '% billing records may still be sent to Stripe (pending, dispatching or unknown)',
+                    unsettled
+      USING ERRCODE = 'object_not_in_prerequisite_state',
+            HINT = 'Let the dispatcher settle them, or cancel the never-sent ones with '
+                   'billguard.cancel_record(), then archive.';
+  END IF;
+
+  EXECUTE format('CREATE SCHEMA IF NOT EXISTS %I', archive_schema);
+  EXECUTE format($f$
+    CREATE FUNCTION %I.refuse_change() RETURNS trigger LANGUAGE plpgsql AS $body$
+    BEGIN
+      RAISE EXCEPTION '%%.%% is archived billing history: %% refused', TG_TABLE_SCHEMA, TG_TABLE_NAME, TG_OP
+        USING ERRCODE = 'insufficient_privilege';
+    END $body$ $f$, archive_schema);
+
+  -- Triggers and CHECK constraints that call the extension's functions would
+  -- keep DROP EXTENSION from dropping those; the archive is read-only instead.
+  FOR dependent IN
+    SELECT DISTINCT coalesce(t.tgrelid, c.conrelid)::regclass AS history_table,
+                    coalesce(t.tgname, c.conname) AS name, t.oid IS NOT NULL AS is_trigger
+      FROM pg_depend d
+      JOIN pg_depend member ON member.classid = 'pg_proc'::regclass AND member.objid = d.refobjid
+                           AND member.refclassid = 'pg_extension'::regclass
+                           AND member.refobjid = extension AND member.deptype = 'e'
+      LEFT JOIN pg_trigger t ON d.classid = 'pg_trigger'::regclass AND t.oid = d.objid
+      LEFT JOIN pg_constraint c ON d.classid = 'pg_constraint'::regclass AND c.oid = d.objid
+     WHERE d.refclassid = 'pg_proc'::regclass AND coalesce(t.tgrelid, c.conrelid) = ANY (history)
+  LOOP
+    EXECUTE CASE WHEN dependent.is_trigger
+                 THEN format('DROP TRIGGER %I ON %s', dependent.name, dependent.history_table)
+                 ELSE format('ALTER TABLE %s DROP CONSTRAINT %I', dependent.history_table, dependent.name)
+            END;
+  END LOOP;
+
+  FOREACH history_table IN ARRAY history LOOP
+    EXECUTE format('ALTER EXTENSION billguard DROP TABLE %s', history_table);
+    EXECUTE format('ALTER TABLE %s SET SCHEMA %I', history_table, archive_schema);
+    EXECUTE format('CREATE TRIGGER archived_read_only BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE '
+                   'ON %s FOR EACH STATEMENT EXECUTE FUNCTION %I.refuse_change()',
+                   history_table, archive_schema);
+    archived_table := history_table::text;
+    EXECUTE format('SELECT count(*) FROM %s', history_table) INTO row_count;
+    RETURN NEXT;
+  END LOOP;
+END $$;
+COMMENT ON FUNCTION billguard.archive_history(text) IS
+  'Moves the billing history out of the extension into archive_schema, read-only; DROP EXTENSION billguard is then allowed.';
+
+REVOKE ALL ON FUNCTION billguard.is_valid_customer_id(text), billguard.keep_user_currency(),
+  billguard.touch_updated_at(), billguard.refuse_billed_account_change(),
+  billguard.cancel_unsent(text, text, text), billguard.cancel_record(text, text),
+  billguard.cancel_unsent_of_deactivated(), billguard.protect_history(),
+  billguard.archive_history(text) FROM PUBLIC;

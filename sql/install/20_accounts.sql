@@ -4,9 +4,12 @@
 -- units (amount_cents counts these).
 CREATE TABLE billguard.currencies (
   code        text PRIMARY KEY CHECK (code ~ '^[a-z]{3}$'),
-  minor_units smallint NOT NULL CHECK (minor_units BETWEEN 0 AND 3)
+  minor_units smallint NOT NULL CHECK (minor_units BETWEEN 0 AND 3),
+  -- The ISO rows CREATE EXTENSION makes: pg_dump leaves them out (90_privileges.sql).
+  builtin     boolean NOT NULL DEFAULT false
 );
-INSERT INTO billguard.currencies (code, minor_units) VALUES
+INSERT INTO billguard.currencies (code, minor_units, builtin)
+SELECT code, minor_units, true FROM (VALUES
   ('aed', 2), ('afn', 2), ('all', 2), ('amd', 2), ('ang', 2), ('aoa', 2), ('ars', 2), ('aud', 2),
   ('awg', 2), ('azn', 2), ('bam', 2), ('bbd', 2), ('bdt', 2), ('bgn', 2), ('bhd', 3), ('bif', 0),
   ('bmd', 2), ('bnd', 2), ('bob', 2), ('brl', 2), ('bsd', 2), ('btn', 2), ('bwp', 2), ('byn', 2),
@@ -26,7 +29,32 @@ INSERT INTO billguard.currencies (code, minor_units) VALUES
   ('syp', 2), ('szl', 2), ('thb', 2), ('tjs', 2), ('tmt', 2), ('tnd', 3), ('top', 2), ('try', 2),
   ('ttd', 2), ('twd', 2), ('tzs', 2), ('uah', 2), ('ugx', 0), ('usd', 2), ('uyu', 2), ('uzs', 2),
   ('ves', 2), ('vnd', 0), ('vuv', 0), ('wst', 2), ('xaf', 0), ('xcd', 2), ('xcg', 2), ('xof', 0),
-  ('xpf', 0), ('yer', 2), ('zar', 2), ('zmw', 2), ('zwg', 2), ('zwl', 2);
+  ('xpf', 0), ('yer', 2), ('zar', 2), ('zmw', 2), ('zwg', 2), ('zwl', 2)) AS iso (code, minor_units);
+
+-- pg_dump carries the currencies users added and the built-in ones they
+-- changed, which stop being built-in here. pg_restore runs CREATE EXTENSION
+-- first: a dumped row for a built-in code then replaces the built-in values
+-- instead of colliding with them (and taking every other dumped row down).
+CREATE FUNCTION billguard.keep_user_currency() RETURNS trigger
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+BEGIN
+  IF TG_OP = 'INSERT' THEN
+    UPDATE billguard.currencies c SET minor_units = NEW.minor_units
+     WHERE c.code = NEW.code AND c.builtin;
+    IF FOUND THEN
+      RETURN NULL;
+    END IF;
+    NEW.builtin := false;
+  ELSE
+    NEW.builtin := OLD.builtin AND NEW.code = OLD.code AND NEW.minor_units = OLD.minor_units;
+  END IF;
+  RETURN NEW;
+END $$;
+
+CREATE TRIGGER currencies_user_rows BEFORE INSERT OR UPDATE ON billguard.currencies
+  FOR EACH ROW EXECUTE FUNCTION billguard.keep_user_currency();
 
 CREATE TABLE billguard.accounts (
   customer_id     text PRIMARY KEY,
@@ -37,13 +65,65 @@ CREATE TABLE billguard.accounts (
   active          boolean NOT NULL DEFAULT true,
   created_at      timestamptz NOT NULL DEFAULT now(),
   updated_at      timestamptz NOT NULL DEFAULT now(),
-  -- Same limits as idempotency_key(): 1..255 bytes, no control characters,
-  -- no surrounding blanks (' cust_1' and 'cust_1' would be two customers).
-  CONSTRAINT accounts_customer_id_valid CHECK (
-    octet_length(customer_id) BETWEEN 1 AND 255
-    AND customer_id = btrim(customer_id) AND customer_id !~ '[[:cntrl:]]'),
+  -- No two ids that look alike (' cust_1' and 'cust_1' would be two
+  -- customers billed twice): see 15_customer_id.sql.
+  CONSTRAINT accounts_customer_id_valid CHECK (billguard.is_valid_customer_id(customer_id)),
   CONSTRAINT accounts_stripe_customer_valid CHECK (stripe_customer ~ '^cus_[A-Za-z0-9_]{1,250}$'),
   CONSTRAINT accounts_amount_positive CHECK (amount_cents > 0),
+  -- Stripe's largest charge: eight digits of the smallest currency unit.
+  CONSTRAINT accounts_amount_within_stripe_max CHECK (amount_cents <= 99999999),
   CONSTRAINT accounts_payment_method_valid CHECK (payment_method ~ '^[a-z]+_[A-Za-z0-9_]{1,250}$')
 );
 COMMENT ON TABLE billguard.accounts IS 'Who is billed each period: one row per customer, billed amount_cents in currency.';
+
+CREATE FUNCTION billguard.touch_updated_at() RETURNS trigger
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+BEGIN
+  NEW.updated_at := now();
+  RETURN NEW;
+END $$;
+
+CREATE TRIGGER accounts_updated_at BEFORE UPDATE ON billguard.accounts
+  FOR EACH ROW WHEN (OLD.* IS DISTINCT FROM NEW.*)
+  EXECUTE FUNCTION billguard.touch_updated_at();
+
+-- Billing records name their account by customer_id alone (a foreign key
+-- would tax every claim of bill_period). Once an account has records, a new
+-- id for it, by UPDATE or by DELETE and INSERT, is a new customer to
+-- bill_period, billed again for the periods it has already paid.
+-- SECURITY DEFINER: whoever maintains accounts need not read billing_records.
+CREATE FUNCTION billguard.refuse_billed_account_change() RETURNS trigger
+  LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  billed bigint;
+BEGIN
+  IF TG_OP = 'TRUNCATE' THEN
+    SELECT count(*) INTO billed FROM billguard.accounts a
+     WHERE EXISTS (SELECT FROM billguard.billing_records r WHERE r.customer_id = a.customer_id);
+    IF billed > 0 THEN
+      RAISE EXCEPTION 'billguard.accounts cannot be truncated: % accounts have billing records', billed
+        USING ERRCODE = 'restrict_violation',
+              HINT = 'Deactivate them instead: UPDATE billguard.accounts SET active = false.';
+    END IF;
+    RETURN NULL;
+  END IF;
+  IF TG_OP = 'UPDATE' AND NEW.customer_id = OLD.customer_id THEN
+    RETURN NEW;
+  END IF;
+  IF EXISTS (SELECT FROM billguard.billing_records r WHERE r.customer_id = OLD.customer_id) THEN
+    RAISE EXCEPTION 'account % has billing records: %', quote_literal(OLD.customer_id),
+                    CASE TG_OP WHEN 'UPDATE' THEN 'its customer_id never changes'
+                                              ELSE 'it is never deleted' END
+      USING ERRCODE = 'restrict_violation',
+            DETAIL = 'Under another id the same customer would be billed again for the periods already billed.',
+            HINT = 'Deactivate it instead: UPDATE billguard.accounts SET active = false.';
+  END IF;
+  RETURN CASE TG_OP WHEN 'DELETE' THEN OLD ELSE NEW END;
+END $$;
+
+CREATE TRIGGER accounts_keep_billed_ids BEFORE UPDATE OF customer_id OR DELETE ON billguard.accounts
+  FOR EACH ROW EXECUTE FUNCTION billguard.refuse_billed_account_change();
+CREATE TRIGGER accounts_keep_billed_rows BEFORE TRUNCATE ON billguard.accounts
+  FOR EACH STATEMENT EXECUTE FUNCTION billguard.refuse_billed_account_change();

@@ -48,6 +48,7 @@ CREATE FUNCTION billguard.apply_event(state jsonb, event_type text, event jsonb)
     WHEN 'NeedsReview' THEN state || jsonb_build_object('status', 'needs_review')
     WHEN 'BillingBlocked' THEN state || jsonb_build_object('status', 'blocked')
     WHEN 'RecordRequeued' THEN state || jsonb_build_object('status', 'in_progress')
+    WHEN 'BillingCancelled' THEN state || jsonb_build_object('status', 'cancelled')
     WHEN 'BillingTickIssued' THEN jsonb_set(state, '{issued_periods}',
       CASE WHEN (state -> 'issued_periods') ? (event ->> 'billing_period')
            THEN state -> 'issued_periods'

@@ -27,7 +27,8 @@ CREATE TABLE billguard.billing_records (
   CONSTRAINT billing_records_uq UNIQUE (customer_id, billing_period),
   CONSTRAINT billing_records_period_valid CHECK (billguard.is_billing_period(billing_period)),
   CONSTRAINT billing_records_status_valid CHECK (status IN
-    ('pending', 'dispatching', 'completed', 'failed', 'blocked', 'needs_review', 'unknown')),
+    ('pending', 'dispatching', 'completed', 'failed', 'blocked', 'needs_review', 'unknown',
+     'cancelled')),
   CONSTRAINT billing_records_amount_positive CHECK (amount_cents > 0),
   CONSTRAINT billing_records_completed_has_charge CHECK (status <> 'completed' OR charge_id IS NOT NULL)
 );
@@ -77,6 +78,7 @@ CREATE FUNCTION billguard.caller_status(record_status text) RETURNS text
     WHEN 'completed' THEN 'already_completed'
     WHEN 'failed' THEN 'failed'
     WHEN 'blocked' THEN 'blocked'
+    WHEN 'cancelled' THEN 'cancelled'
     ELSE 'in_progress'   -- pending, dispatching, unknown, needs_review
   END;
 

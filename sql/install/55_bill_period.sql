@@ -3,7 +3,8 @@
 -- The work of bill_period(); PL/pgSQL cannot name an input and an output
 -- column alike, as bill_period's public signature does.
 CREATE FUNCTION billguard.claim_period(period text)
-  RETURNS TABLE (initiated bigint, already_completed bigint, in_progress bigint, failed bigint)
+  RETURNS TABLE (initiated bigint, already_completed bigint, in_progress bigint, failed bigint,
+                 cancelled bigint)
   LANGUAGE plpgsql
   SET search_path = pg_catalog, pg_temp
   -- The anti-join below reads billing_records while the same statement
@@ -53,14 +54,15 @@ BEGIN
       USING ERRCODE = 'serialization_failure';
   END;
 
-  -- Everyone else's records: claims committed before we took the lock.
+  -- Every record of the period (others' claims committed before we took the
+  -- lock), whatever its account has become since: period_status's counts.
   SELECT count(*) FILTER (WHERE r.status = 'completed'),
          count(*) FILTER (WHERE r.status IN ('pending', 'dispatching', 'unknown', 'needs_review')),
-         count(*) FILTER (WHERE r.status IN ('failed', 'blocked'))
-    INTO already_completed, in_progress, failed
+         count(*) FILTER (WHERE r.status IN ('failed', 'blocked')),
+         count(*) FILTER (WHERE r.status = 'cancelled')
+    INTO already_completed, in_progress, failed, cancelled
     FROM billguard.billing_records r
-    JOIN billguard.accounts a ON a.customer_id = r.customer_id
-   WHERE r.billing_period = period AND a.active;
+   WHERE r.billing_period = period;
   in_progress := in_progress - initiated;   -- our own claims are pending too
 
   -- The first time a period is billed, the scheduler entity records it.
@@ -82,10 +84,11 @@ END $$;
 
 CREATE FUNCTION billguard.bill_period(billing_period text)
   RETURNS TABLE (billing_period text, initiated bigint, already_completed bigint,
-                 in_progress bigint, failed bigint)
+                 in_progress bigint, failed bigint, cancelled bigint)
   LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
   BEGIN ATOMIC
-    SELECT bill_period.billing_period, c.initiated, c.already_completed, c.in_progress, c.failed
+    SELECT bill_period.billing_period, c.initiated, c.already_completed, c.in_progress, c.failed,
+           c.cancelled
       FROM billguard.claim_period(bill_period.billing_period) c;
   END;
 COMMENT ON FUNCTION billguard.bill_period(text) IS

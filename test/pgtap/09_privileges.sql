@@ -63,7 +63,7 @@ SELECT is((SELECT count(*) FROM billguard.billing_records WHERE customer_id LIKE
 SET LOCAL ROLE billing_app;
 SELECT is(current_user::text, 'billing_app', 'running as billing_app');
 SELECT results_eq($$SELECT * FROM billguard.bill_period('2034-01')$$,
-                  $$VALUES ('2034-01'::text, 2::bigint, 0::bigint, 0::bigint, 0::bigint)$$,
+                  $$VALUES ('2034-01'::text, 2::bigint, 0::bigint, 0::bigint, 0::bigint, 0::bigint)$$,
                   'billing_app: bill_period works (2 initiated)');
 SELECT results_eq($$SELECT * FROM billguard.bill_customer('t09_carol', '2034-01', 'req-app')$$,
                   $$SELECT 'in_progress'::text, billguard.idempotency_key('t09_carol', '2034-01'), NULL::text$$,
@@ -73,7 +73,7 @@ SELECT results_eq($$SELECT * FROM billguard.bill_customer('t09_carol', '2034-02'
                   'billing_app: bill_customer works (initiated for a new period)');
 SELECT results_eq($$SELECT status, count, amount_cents FROM billguard.period_status('2034-01')
                      WHERE status = 'pending'$$,
-                  $$VALUES ('pending'::text, 2::bigint, 6000::bigint)$$,
+                  $$VALUES ('pending'::text, 2::bigint, 6000::numeric)$$,
                   'billing_app: period_status works');
 SELECT is(billguard.entity_state('billing-t09_carol-2034-01') ->> 'status', 'in_progress',
           'billing_app: entity_state works');

@@ -1,0 +1,88 @@
+-- The billing history outlives billguard: dropping the extension would drop
+-- billing_records and the journal with it, and a billguard installed again
+-- would claim, and charge, periods already billed.
+
+-- Refuses DROP EXTENSION billguard, DROP SCHEMA billguard and DROP OWNED BY
+-- their owner while billing_records holds rows (extension/history_guard.cpp).
+CREATE FUNCTION billguard.protect_history() RETURNS event_trigger
+  LANGUAGE c
+  SET search_path = pg_catalog, pg_temp
+  AS 'MODULE_PATHNAME', 'billguard_protect_history';
+
+CREATE EVENT TRIGGER billguard_protect_history ON ddl_command_start
+  WHEN TAG IN ('DROP EXTENSION', 'DROP SCHEMA', 'DROP OWNED')
+  EXECUTE FUNCTION billguard.protect_history();
+
+-- Retiring billguard and keeping its history: every table that holds users'
+-- data (the tables pg_dump carries) leaves the extension for archive_schema,
+-- read-only, and DROP EXTENSION billguard is then allowed. Refused while a
+-- record may still be sent (pending, dispatching, unknown): let those settle,
+-- or cancel the never-sent ones, first. Only the extension's owner can run it.
+CREATE FUNCTION billguard.archive_history(archive_schema text)
+  RETURNS TABLE (archived_table text, row_count bigint)
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+DECLARE
+  extension oid := (SELECT e.oid FROM pg_extension e WHERE e.extname = 'billguard');
+  history regclass[] := (SELECT e.extconfig FROM pg_extension e WHERE e.oid = extension);
+  unsettled bigint;
+  dependent record;
+  history_table regclass;
+BEGIN
+  IF archive_schema IS NULL OR archive_schema IN ('', 'billguard') THEN
+    RAISE EXCEPTION 'archive_schema must name a schema other than billguard'
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  -- Nothing claims or records while the tables move.
+  EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', array_to_string(history, ', '));
+  SELECT count(*) INTO unsettled FROM billguard.billing_records r
+   WHERE r.status IN ('pending', 'dispatching', 'unknown');
+  IF unsettled > 0 THEN
+    RAISE EXCEPTION '% billing records may still be sent to Stripe (pending, dispatching or unknown)',
+                    unsettled
+      USING ERRCODE = 'object_not_in_prerequisite_state',
+            HINT = 'Let the dispatcher settle them, or cancel the never-sent ones with '
+                   'billguard.cancel_record(), then archive.';
+  END IF;
+
+  EXECUTE format('CREATE SCHEMA IF NOT EXISTS %I', archive_schema);
+  EXECUTE format($f$
+    CREATE FUNCTION %I.refuse_change() RETURNS trigger LANGUAGE plpgsql AS $body$
+    BEGIN
+      RAISE EXCEPTION '%%.%% is archived billing history: %% refused', TG_TABLE_SCHEMA, TG_TABLE_NAME, TG_OP
+        USING ERRCODE = 'insufficient_privilege';
+    END $body$ $f$, archive_schema);
+
+  -- Triggers and CHECK constraints that call the extension's functions would
+  -- keep DROP EXTENSION from dropping those; the archive is read-only instead.
+  FOR dependent IN
+    SELECT DISTINCT coalesce(t.tgrelid, c.conrelid)::regclass AS history_table,
+                    coalesce(t.tgname, c.conname) AS name, t.oid IS NOT NULL AS is_trigger
+      FROM pg_depend d
+      JOIN pg_depend member ON member.classid = 'pg_proc'::regclass AND member.objid = d.refobjid
+                           AND member.refclassid = 'pg_extension'::regclass
+                           AND member.refobjid = extension AND member.deptype = 'e'
+      LEFT JOIN pg_trigger t ON d.classid = 'pg_trigger'::regclass AND t.oid = d.objid
+      LEFT JOIN pg_constraint c ON d.classid = 'pg_constraint'::regclass AND c.oid = d.objid
+     WHERE d.refclassid = 'pg_proc'::regclass AND coalesce(t.tgrelid, c.conrelid) = ANY (history)
+  LOOP
+    EXECUTE CASE WHEN dependent.is_trigger
+                 THEN format('DROP TRIGGER %I ON %s', dependent.name, dependent.history_table)
+                 ELSE format('ALTER TABLE %s DROP CONSTRAINT %I', dependent.history_table, dependent.name)
+            END;
+  END LOOP;
+
+  FOREACH history_table IN ARRAY history LOOP
+    EXECUTE format('ALTER EXTENSION billguard DROP TABLE %s', history_table);
+    EXECUTE format('ALTER TABLE %s SET SCHEMA %I', history_table, archive_schema);
+    EXECUTE format('CREATE TRIGGER archived_read_only BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE '
+                   'ON %s FOR EACH STATEMENT EXECUTE FUNCTION %I.refuse_change()',
+                   history_table, archive_schema);
+    archived_table := history_table::text;
+    EXECUTE format('SELECT count(*) FROM %s', history_table) INTO row_count;
+    RETURN NEXT;
+  END LOOP;
+END $$;
+COMMENT ON FUNCTION billguard.archive_history(text) IS
+  'Moves the billing history out of the extension into archive_schema, read-only; DROP EXTENSION billguard is then allowed.';

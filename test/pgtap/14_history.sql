@@ -1,0 +1,88 @@
+-- 14_history.sql: the billing history survives pg_dump and cannot be
+-- dropped with the extension (issue 6, items 9 and 10; the whole dump,
+-- restore, archive and drop in test/t/091_dump_restore.pl and
+-- test/t/092_drop_guard.pl).
+--
+-- Proves: every table of the extension is registered for pg_dump, currencies
+-- with 'WHERE NOT builtin' and the others whole; the ISO rows made by CREATE
+-- EXTENSION are builtin and not dumped, a currency a user adds is, a user's
+-- change to a built-in currency makes it the user's, and a dumped row for a
+-- built-in code inserted as pg_restore does (after CREATE EXTENSION)
+-- replaces the built-in values instead of failing; while billing records
+-- exist, DROP EXTENSION billguard (also with CASCADE, or in a list), DROP
+-- SCHEMA billguard CASCADE and DROP OWNED BY the extension's owner are
+-- refused with 2BP01 saying how to archive, and drop nothing;
+-- archive_history refuses while a record may still be sent (55000).
+BEGIN;
+SELECT plan(21);
+
+-- Item 10: what pg_dump carries.
+SELECT is((SELECT array_agg(c.relname::text ORDER BY c.relname) FROM pg_class c
+            JOIN pg_depend d ON d.classid = 'pg_class'::regclass AND d.objid = c.oid AND d.deptype = 'e'
+           WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'billguard') AND c.relkind = 'r'
+             AND NOT c.oid = ANY ((SELECT extconfig FROM pg_extension WHERE extname = 'billguard')::oid[])),
+          NULL, 'every table of the extension is registered with pg_extension_config_dump');
+SELECT is((SELECT u.condition FROM pg_extension e, unnest(e.extconfig, e.extcondition) AS u (config, condition)
+            WHERE e.extname = 'billguard' AND u.config = 'billguard.currencies'::regclass),
+          'WHERE NOT builtin', 'currencies: only rows that are not built-in are dumped');
+SELECT is((SELECT count(*) FROM billguard.currencies WHERE builtin), 158::bigint,
+          'the 158 ISO 4217 rows of CREATE EXTENSION are built-in');
+INSERT INTO billguard.currencies (code, minor_units) VALUES ('xts', 2);
+SELECT is((SELECT builtin FROM billguard.currencies WHERE code = 'xts'), false, 'a currency a user adds is not built-in');
+INSERT INTO billguard.currencies (code, minor_units, builtin) VALUES ('xxx', 0, true);
+SELECT is((SELECT builtin FROM billguard.currencies WHERE code = 'xxx'), false,
+          'nor one a user inserts as built-in (it would not be dumped)');
+UPDATE billguard.currencies SET minor_units = 2 WHERE code = 'isk';
+SELECT is((SELECT builtin FROM billguard.currencies WHERE code = 'isk'), false,
+          'a built-in currency a user changes becomes the user''s, so it is dumped');
+UPDATE billguard.currencies SET builtin = true WHERE code = 'xts';
+SELECT is((SELECT builtin FROM billguard.currencies WHERE code = 'xts'), false, 'a user''s row never becomes built-in');
+UPDATE billguard.currencies SET minor_units = 2 WHERE code = 'chf';
+SELECT is((SELECT builtin FROM billguard.currencies WHERE code = 'chf'), true,
+          'an UPDATE that changes nothing leaves a built-in row built-in');
+-- pg_restore: CREATE EXTENSION made the built-in 'jpy', then the dump's row arrives.
+SELECT lives_ok($$INSERT INTO billguard.currencies (code, minor_units, builtin) VALUES ('jpy', 2, false)$$,
+                'a dumped row for a built-in code is restored without a duplicate key error');
+SELECT results_eq($$SELECT minor_units, builtin FROM billguard.currencies WHERE code = 'jpy'$$,
+                  $$VALUES (2::smallint, false)$$, 'it replaced the built-in values and is the user''s now');
+SELECT throws_ok($$INSERT INTO billguard.currencies (code, minor_units) VALUES ('xts', 3)$$, '23505', NULL,
+                 'a user''s own code inserted twice is still a duplicate');
+
+-- Item 9: DROP would take the history with it.
+INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES ('t14_kept', 'cus_t14kept', 1000);
+SELECT results_eq($$SELECT status FROM billguard.bill_customer('t14_kept', '2037-01')$$, ARRAY['initiated'],
+                  'one billing record exists');
+SELECT throws_ok($$DROP EXTENSION billguard$$, '2BP01',
+                 format('DROP EXTENSION would drop billguard''s billing history (%s billing records)',
+                        (SELECT count(*) FROM billguard.billing_records)),
+                 'DROP EXTENSION billguard is refused while billing records exist');
+SELECT throws_ok($$DROP EXTENSION billguard CASCADE$$, '2BP01', NULL, 'DROP EXTENSION billguard CASCADE is refused');
+SELECT throws_ok($$DROP EXTENSION IF EXISTS t14_no_such_extension, billguard$$, '2BP01', NULL,
+                 'DROP EXTENSION naming billguard in a list is refused');
+SELECT throws_ok($$DROP SCHEMA billguard CASCADE$$, '2BP01',
+                 format('DROP SCHEMA would drop billguard''s billing history (%s billing records)',
+                        (SELECT count(*) FROM billguard.billing_records)),
+                 'DROP SCHEMA billguard CASCADE is refused');
+SELECT throws_ok(format('DROP OWNED BY %I CASCADE', (SELECT pg_get_userbyid(extowner) FROM pg_extension WHERE extname = 'billguard')),
+                 '2BP01', NULL, 'DROP OWNED BY the extension''s owner is refused');
+CREATE FUNCTION pg_temp.t14_hint(sql text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE hint text;
+BEGIN
+  EXECUTE sql;
+  RETURN NULL;
+EXCEPTION WHEN dependent_objects_still_exist THEN
+  GET STACKED DIAGNOSTICS hint = PG_EXCEPTION_HINT;
+  RETURN hint;
+END $$;
+SELECT is(pg_temp.t14_hint('DROP EXTENSION billguard'),
+          'Archive the history first: SELECT * FROM billguard.archive_history(''billguard_archive''); then run DROP EXTENSION again.',
+          'the refusal says how to archive first');
+SELECT is((SELECT count(*) FROM billguard.billing_records WHERE customer_id = 't14_kept'), 1::bigint,
+          'the refused drops dropped nothing');
+SELECT lives_ok($$CREATE SCHEMA t14_other; DROP SCHEMA t14_other CASCADE$$,
+                'other schemas drop as before');
+SELECT throws_ok($$SELECT * FROM billguard.archive_history('t14_archive')$$, '55000', NULL,
+                 'archive_history refuses while a record may still be sent');
+
+SELECT * FROM finish();
+ROLLBACK;
