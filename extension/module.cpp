@@ -53,26 +53,25 @@ bool CheckKeyNamespace(char** newval, void** /*extra*/, GucSource /*source*/) {
 
 // Check hooks also run in the postmaster, where an escaping C++ exception
 // would end the server: a hook that calls C++ runs its check through this.
+// `check` returns why it refuses the value ("" accepts it); the reason is
+// copied out so that GUC_check_errdetail runs once every C++ object is gone.
 template <typename Check>
-bool GuardedCheck(Check&& check) noexcept {
-  bool accepted = false;
+bool GuardedCheck(Check&& check, char* reason, size_t size) noexcept {
   try {
-    accepted = check();
+    strlcpy(reason, check().c_str(), size);
   } catch (...) {
-    accepted = false;
+    strlcpy(reason, "The value could not be checked.", size);
   }
-  return accepted;
+  return reason[0] == '\0';
 }
 
 bool CheckApiBase(char** newval, void** /*extra*/, GucSource /*source*/) {
-  const char* url = *newval;
-  if (url == nullptr || !GuardedCheck([url] { return billguard::IsAcceptableApiBase(url); })) {
-    GUC_check_errdetail(
-        "billguard.api_base must be an https:// URL, or http:// to a loopback address, "
-        "without a trailing slash.");
-    return false;
-  }
-  return true;
+  const char* url = *newval != nullptr ? *newval : "";
+  char reason[512];
+  if (GuardedCheck([url] { return billguard::ApiBaseError(url); }, reason, sizeof(reason)))
+    return true;
+  GUC_check_errdetail("%s", reason);
+  return false;
 }
 
 bool CheckStripeEndpoint(char** newval, void** /*extra*/, GucSource /*source*/) {
