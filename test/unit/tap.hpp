@@ -1,5 +1,4 @@
-// The TAP output of the C++ unit test programs: one line per assertion, the
-// plan at the end, exit status 1 when any assertion failed.
+// A minimal TAP printer shared by the unit test programs.
 #pragma once
 
 #include <cstdio>
@@ -22,7 +21,7 @@ inline void Is(const std::string& got, const std::string& expected, const std::s
     std::printf("#   got:      %s\n#   expected: %s\n", got.c_str(), expected.c_str());
 }
 
-// Prints the plan; main returns this.
+// Prints the plan; the program's exit status.
 inline int Done() {
   std::printf("1..%d\n", test_number);
   return failures == 0 ? 0 : 1;
