@@ -35,9 +35,14 @@ void MarkRunning(int pid) {
 
 bool http_initialized = false;
 
-void OnDispatcherExit(int /*code*/, Datum /*arg*/) {
+// Before ProcKill: MyLatch is still the shared latch that was published
+// (ProcKill switches it back to the process-local one and frees the PGPROC).
+void WithdrawAtExit(int /*code*/, Datum /*arg*/) {
   WithdrawDispatcherLatch();
   MarkRunning(0);
+}
+
+void ShutdownHttpAtExit(int /*code*/, Datum /*arg*/) {
   if (http_initialized) ShutdownHttp();
 }
 
@@ -77,7 +82,8 @@ extern "C" void billguard_dispatcher_main(Datum /*arg*/) {
     billguard::InitializeHttp();
     billguard::http_initialized = true;
     billguard::CallPostgres([] {
-      on_proc_exit(billguard::OnDispatcherExit, 0);
+      on_proc_exit(billguard::ShutdownHttpAtExit, 0);
+      before_shmem_exit(billguard::WithdrawAtExit, 0);
       billguard::PublishDispatcherLatch();
       billguard::MarkRunning(MyProcPid);
     });

@@ -21,8 +21,8 @@ Datum BuildDispatcherState(FunctionCallInfo fcinfo) {
                     errmsg("dispatcher_state() must return a composite type")));
   }
   descriptor = BlessTupleDesc(descriptor);
-  Datum values[6];
-  bool nulls[6] = {false, false, false, false, false, false};
+  Datum values[7];
+  bool nulls[7] = {false, false, false, false, false, false, false};
   billguard::SharedState* shared = billguard::Shared();
   if (shared == nullptr) {
     for (bool& n : nulls) n = true;  // not preloaded: nothing to report
@@ -35,6 +35,7 @@ Datum BuildDispatcherState(FunctionCallInfo fcinfo) {
     memcpy(reason, shared->pause_reason, sizeof(reason));
     const int in_flight = shared->in_flight;
     const int64 sent = shared->requests_sent;
+    const bool wakeup_registered = shared->dispatcher_latch != nullptr;
     SpinLockRelease(&shared->mutex);
     values[0] = Int32GetDatum(pid);
     nulls[0] = pid == 0;
@@ -45,6 +46,7 @@ Datum BuildDispatcherState(FunctionCallInfo fcinfo) {
     nulls[3] = reason[0] == '\0';
     values[4] = Int32GetDatum(in_flight);
     values[5] = Int64GetDatum(sent);
+    values[6] = BoolGetDatum(wakeup_registered);
   }
   return HeapTupleGetDatum(heap_form_tuple(descriptor, values, nulls));
 }

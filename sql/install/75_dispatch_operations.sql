@@ -1,9 +1,11 @@
 -- What operators see and do: the dispatcher's state, and deliberate
 -- requeueing or resolution of records that need a person.
 
+-- wakeup_registered: whether a billing's COMMIT would set a dispatcher's
+-- latch; never true while no dispatcher runs.
 CREATE FUNCTION billguard.dispatcher_state(
     OUT pid integer, OUT started_at timestamptz, OUT paused boolean, OUT pause_reason text,
-    OUT in_flight integer, OUT requests_sent bigint)
+    OUT in_flight integer, OUT requests_sent bigint, OUT wakeup_registered boolean)
   LANGUAGE c VOLATILE
   SET search_path = pg_catalog, pg_temp
   AS 'MODULE_PATHNAME', 'billguard_dispatcher_state';
