@@ -1,10 +1,11 @@
 // Module initialisation: settings and, when preloaded, shared memory and the
-// background workers.
+// launcher, which starts the dispatchers.
 #include <cstring>
 
 #include "api_base.hpp"
 
-#include "dispatcher.hpp"
+#include "dispatcher_wakeup.hpp"
+#include "launcher.hpp"
 #include "module.hpp"
 #include "shared_state.hpp"
 
@@ -85,8 +86,10 @@ bool CheckStripeEndpoint(char** newval, void** /*extra*/, GucSource /*source*/) 
 
 void DefineDispatcherSettings() {
   using namespace billguard::settings;
-  DefineCustomStringVariable("billguard.database", "Database the dispatcher works in.", nullptr,
-                             &database, "postgres", PGC_POSTMASTER, 0, nullptr, nullptr, nullptr);
+  DefineCustomStringVariable("billguard.database",
+                             "The only database billguard serves (unset: every database).",
+                             "Unset, a dispatcher runs in every database that has the extension.",
+                             &database, "", PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
   DefineCustomStringVariable("billguard.api_base", "Base URL of the Stripe API (or the proxy).",
                              nullptr, &api_base, "https://api.stripe.com", PGC_SIGHUP, 0,
                              CheckApiBase, nullptr, nullptr);
@@ -165,5 +168,6 @@ extern "C" void _PG_init(void) {
     return;
   }
   billguard::InstallSharedState();
-  billguard::RegisterDispatcher();
+  billguard::InstallCreateExtensionHook();
+  billguard::RegisterLauncher();
 }
