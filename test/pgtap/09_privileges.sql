@@ -175,18 +175,19 @@ SELECT lives_ok($$UPDATE billguard.accounts SET amount_cents = 1600 WHERE custom
                 'billing_accounts: UPDATE of accounts works');
 SELECT is((SELECT amount_cents FROM billguard.accounts WHERE customer_id = 't09_erin'), 1600::bigint,
           'billing_accounts: SELECT from accounts works');
-SELECT throws_ok($$DELETE FROM billguard.accounts WHERE customer_id = 't09_erin'$$, '42501',
-                 'permission denied for table accounts', 'billing_accounts: DELETE from accounts refused');
-SELECT throws_ok($$INSERT INTO billguard.currencies (code, minor_units) VALUES ('xts', 2)$$, '42501',
-                 'permission denied for table currencies', 'billing_accounts: INSERT into currencies refused');
-SELECT throws_ok($$SELECT * FROM billguard.billing_records$$, '42501',
-                 'permission denied for table billing_records', 'billing_accounts: SELECT from billing_records refused');
-SELECT throws_ok($$SELECT * FROM billguard.journal$$, '42501',
-                 'permission denied for table journal', 'billing_accounts: SELECT from journal refused');
-SELECT throws_ok($$SELECT * FROM billguard.bill_period('2034-05')$$, '42501',
-                 'permission denied for function bill_period', 'billing_accounts: bill_period refused');
-SELECT throws_ok($$SELECT * FROM billguard.dispatch_status$$, '42501',
-                 'permission denied for view dispatch_status', 'billing_accounts: dispatch_status refused');
+SELECT throws_ok(statement, '42501', message, 'billing_accounts: ' || refused) FROM (VALUES
+  ($$DELETE FROM billguard.accounts WHERE customer_id = 't09_erin'$$,
+   'permission denied for table accounts', 'DELETE from accounts refused'),
+  ($$INSERT INTO billguard.currencies (code, minor_units) VALUES ('xts', 2)$$,
+   'permission denied for table currencies', 'INSERT into currencies refused'),
+  ($$SELECT * FROM billguard.billing_records$$,
+   'permission denied for table billing_records', 'SELECT from billing_records refused'),
+  ($$SELECT * FROM billguard.journal$$, 'permission denied for table journal', 'SELECT from journal refused'),
+  ($$SELECT * FROM billguard.bill_period('2034-05')$$,
+   'permission denied for function bill_period', 'bill_period refused'),
+  ($$SELECT * FROM billguard.dispatch_status$$,
+   'permission denied for view dispatch_status', 'dispatch_status refused')
+) AS cases (statement, message, refused);
 RESET ROLE;
 
 ------------------------------------------------------------------------------
@@ -211,18 +212,18 @@ SELECT is(billguard.resolve_record('t09_dave', '2034-01', 'pi_t09dave'), 'comple
           'billing_ops: resolve_record works');
 SELECT throws_ok($$SHOW billguard.api_key_file$$, '42501', NULL,
                  'billing_ops: where the API key lives stays hidden');
-SELECT throws_ok($$SELECT * FROM billguard.billing_records$$, '42501',
-                 'permission denied for table billing_records', 'billing_ops: SELECT from billing_records refused');
-SELECT throws_ok($$UPDATE billguard.billing_records SET status = 'completed'$$, '42501',
-                 'permission denied for table billing_records', 'billing_ops: UPDATE of billing_records refused');
-SELECT throws_ok($$SELECT * FROM billguard.accounts$$, '42501',
-                 'permission denied for table accounts', 'billing_ops: SELECT from accounts refused');
-SELECT throws_ok($$SELECT * FROM billguard.journal$$, '42501',
-                 'permission denied for table journal', 'billing_ops: SELECT from journal refused');
-SELECT throws_ok($$SELECT * FROM billguard.bill_period('2034-05')$$, '42501',
-                 'permission denied for function bill_period', 'billing_ops: bill_period refused');
-SELECT throws_ok($$SELECT * FROM billguard.claim_due_records(10, '1 minute', '23 hours')$$, '42501',
-                 'permission denied for function claim_due_records', 'billing_ops: claim_due_records refused');
+SELECT throws_ok(statement, '42501', message, 'billing_ops: ' || refused) FROM (VALUES
+  ($$SELECT * FROM billguard.billing_records$$,
+   'permission denied for table billing_records', 'SELECT from billing_records refused'),
+  ($$UPDATE billguard.billing_records SET status = 'completed'$$,
+   'permission denied for table billing_records', 'UPDATE of billing_records refused'),
+  ($$SELECT * FROM billguard.accounts$$, 'permission denied for table accounts', 'SELECT from accounts refused'),
+  ($$SELECT * FROM billguard.journal$$, 'permission denied for table journal', 'SELECT from journal refused'),
+  ($$SELECT * FROM billguard.bill_period('2034-05')$$,
+   'permission denied for function bill_period', 'bill_period refused'),
+  ($$SELECT * FROM billguard.claim_due_records(10, '1 minute', '23 hours')$$,
+   'permission denied for function claim_due_records', 'claim_due_records refused')
+) AS cases (statement, message, refused);
 RESET ROLE;
 
 ------------------------------------------------------------------------------
