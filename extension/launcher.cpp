@@ -3,7 +3,7 @@
 // dispatcher started in a database without the extension leaves at once
 // (the brief probe); one that finds the extension claims the database's
 // entry in shared memory, so that no two ever serve one database, even when
-// a restarted launcher starts one while the last launcher's still runs.
+// a restarted launcher starts one while its predecessor's still runs.
 //
 // Dispatchers are registered with BGW_NEVER_RESTART: the postmaster forgets
 // them after a crash, so only the launcher ever starts them again, and a
@@ -175,7 +175,8 @@ class Launcher {
     BackgroundWorkerHandle* handle = nullptr;
     if (!StartDispatcher(database, watched.name.c_str(), &handle)) {
       if (!watched.waiting_for_slot) {
-        Log(WARNING, "no background worker slot is free to serve database \"" + watched.name +
+        Log(WARNING, "no background worker slot is free for a dispatcher in database \"" +
+                         watched.name +
                          "\": billguard needs one for its launcher and one per database it "
                          "serves; raise max_worker_processes (now " +
                          std::to_string(max_worker_processes) + ") and restart the server");
@@ -184,7 +185,7 @@ class Launcher {
       return false;
     }
     if (watched.waiting_for_slot)
-      Log(LOG, "a worker slot is free: serving \"" + watched.name + "\"");
+      Log(LOG, "a worker slot is free again: starting a dispatcher in \"" + watched.name + "\"");
     watched.handle = handle;
     watched.probed = true;
     watched.waiting_for_slot = false;

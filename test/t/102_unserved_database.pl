@@ -81,7 +81,7 @@ diag(explain($status)) unless grep { $_ =~ /slot/ } values %$status;
 my ($unserved) = grep { $status->{$_} =~ /slot/ } keys %$status;
 like($status->{$unserved}, qr/billguard needs one for its launcher and one per database it serves \(max_worker_processes = 2\)/,
 	'its dispatch_status says how many slots billguard needs');
-like(slurp_file($small->logfile), qr/WARNING:  billguard launcher: no background worker slot is free to serve database "$unserved".*raise max_worker_processes \(now 2\)/,
+like(slurp_file($small->logfile), qr/WARNING:  billguard launcher: no background worker slot is free for a dispatcher in database "$unserved".*raise max_worker_processes \(now 2\)/,
 	'the server log says which database cannot be served and what to do');
 
 $small->append_conf('postgresql.conf', 'max_worker_processes = 3');
