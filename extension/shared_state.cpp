@@ -98,10 +98,6 @@ void InstallSharedState() {
   shmem_startup_hook = AttachSharedState;
 }
 
-bool SharedStateAvailable() {
-  return shared != nullptr;
-}
-
 Claim ClaimDatabase(int* other_pid) {
   if (shared == nullptr) return Claim::kClaimed;
   Locked locked(LW_EXCLUSIVE);

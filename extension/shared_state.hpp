@@ -6,8 +6,10 @@
 //
 // An entry exists for a database once a dispatcher found the extension there
 // or CREATE EXTENSION billguard committed in it; only the dispatcher that
-// claimed it (pid) writes its status and latch. One lock covers everything:
-// the table is as small as max_worker_processes and touched briefly.
+// claimed it (pid) writes its status and latch. One LWLock covers everything:
+// the table is as small as max_worker_processes and touched briefly. Nothing
+// under it raises an error; only LWLockAcquire itself could, in principle,
+// so C++ callers with objects alive call these through CallPostgres.
 #pragma once
 
 extern "C" {
@@ -49,7 +51,6 @@ struct ServiceReport {
 
 // Requests and initialises the shared memory; called from _PG_init.
 void InstallSharedState();
-bool SharedStateAvailable();
 
 // ---- the dispatcher of MyDatabaseId ----
 enum class Claim { kClaimed, kServedByAnother, kNoRoom };
