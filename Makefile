@@ -16,6 +16,8 @@ OBJS = \
 	extension/pg_boundary.o \
 	extension/shared_state.o \
 	extension/dispatcher_wakeup.o \
+	extension/served_databases.o \
+	extension/launcher.o \
 	extension/idempotency_key.o \
 	extension/customer_id.o \
 	extension/history_guard.o \

@@ -3,45 +3,87 @@
 
 #include "api_base.hpp"
 
+#include <curl/curl.h>
+
+#include <memory>
+
 namespace billguard {
 
 namespace {
 
-bool StartsWith(const std::string& s, const std::string& prefix) {
-  return s.compare(0, prefix.size(), prefix) == 0;
+using UrlHandle = std::unique_ptr<CURLU, decltype(&curl_url_cleanup)>;
+
+// The part as libcurl stores it (not URL-decoded); false when it is absent.
+bool GetPart(CURLU* url, CURLUPart part, std::string& value) {
+  char* text = nullptr;
+  if (curl_url_get(url, part, &text, 0) != CURLUE_OK) return false;
+  value = text;
+  curl_free(text);
+  return true;
 }
 
-// 127.a.b.c with decimal octets: the IPv4 loopback network.
-bool IsIpv4Loopback(const std::string& host) {
-  if (!StartsWith(host, "127.")) return false;
-  int dots = 0;
-  int digits = 0;
-  for (char c : host.substr(4)) {
-    if (c == '.') {
-      if (digits == 0) return false;
-      ++dots;
-      digits = 0;
-    } else if (c >= '0' && c <= '9' && digits < 3) {
-      ++digits;
-    } else {
-      return false;
-    }
+bool HasPart(CURLU* url, CURLUPart part) {
+  std::string ignored;
+  return GetPart(url, part, ignored);
+}
+
+bool IsDecimalOctet(const std::string& s) {
+  if (s.empty() || s.size() > 3 || (s.size() > 1 && s[0] == '0')) return false;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
   }
-  return dots == 2 && digits > 0;
+  return std::stoi(s) <= 255;
+}
+
+// 127.a.b.c in canonical dotted decimal: the IPv4 loopback network.
+bool IsLoopbackIpv4(const std::string& host) {
+  if (host.compare(0, 4, "127.") != 0) return false;
+  std::string rest = host.substr(4);
+  for (int octet = 0; octet < 3; ++octet) {
+    const auto dot = rest.find('.');
+    if ((dot == std::string::npos) != (octet == 2)) return false;
+    if (!IsDecimalOctet(rest.substr(0, dot))) return false;
+    rest = dot == std::string::npos ? "" : rest.substr(dot + 1);
+  }
+  return true;
+}
+
+bool IsLoopbackHost(const std::string& host) {
+  return host == "localhost" || host == "[::1]" || IsLoopbackIpv4(host);
 }
 
 }  // namespace
 
-bool IsAcceptableApiBase(const std::string& url) {
-  if (url.empty() || url.back() == '/') return false;
-  if (url.find_first_of(" \t\r\n?#") != std::string::npos) return false;
-  if (StartsWith(url, "https://")) return url.size() > 8;
-  if (!StartsWith(url, "http://")) return false;
-  std::string host = url.substr(7);
-  host = host.substr(0, host.find('/'));
-  if (StartsWith(host, "[::1]")) return host == "[::1]" || StartsWith(host, "[::1]:");
-  host = host.substr(0, host.find(':'));
-  return host == "localhost" || IsIpv4Loopback(host);
+std::string ApiBaseError(const std::string& url) {
+  if (url.empty()) return "billguard.api_base must not be empty.";
+  if (url.back() == '/') return "billguard.api_base must not end with '/'.";
+  UrlHandle parsed(curl_url(), curl_url_cleanup);
+  if (!parsed) return "billguard.api_base could not be checked (out of memory).";
+  if (curl_url_set(parsed.get(), CURLUPART_URL, url.c_str(), 0) != CURLUE_OK)
+    return "billguard.api_base is not a URL libcurl can parse.";
+  CURLU* u = parsed.get();
+  // libcurl connects to the host after an '@': userinfo could dress any host
+  // up as loopback.
+  if (HasPart(u, CURLUPART_USER) || HasPart(u, CURLUPART_PASSWORD) || HasPart(u, CURLUPART_OPTIONS))
+    return "billguard.api_base must not contain a user name, password or login options "
+           "(anything before an '@').";
+  if (HasPart(u, CURLUPART_QUERY) || HasPart(u, CURLUPART_FRAGMENT))
+    return "billguard.api_base must not contain a query or a fragment.";
+  if (HasPart(u, CURLUPART_ZONEID)) return "billguard.api_base must not contain an IPv6 zone id.";
+  std::string scheme, host, canonical;
+  if (!GetPart(u, CURLUPART_SCHEME, scheme) || !GetPart(u, CURLUPART_HOST, host) ||
+      !GetPart(u, CURLUPART_URL, canonical))
+    return "billguard.api_base must name a scheme and a host.";
+  // libcurl normalises what it parses (2130706433 and 0x7f.1 become
+  // 127.0.0.1, %31 becomes 1, a default path '/' is added): only a URL that
+  // reads the same once parsed shows the host that will be used.
+  if (canonical != url && canonical != url + "/")
+    return "billguard.api_base must be written as libcurl writes it: " +
+           (canonical.back() == '/' ? canonical.substr(0, canonical.size() - 1) : canonical) + ".";
+  if (scheme == "https") return "";
+  if (scheme == "http" && IsLoopbackHost(host)) return "";
+  return "billguard.api_base must be an https:// URL, or http:// to a loopback host "
+         "(127.x.y.z, [::1] or localhost): the API key would cross a network in clear text.";
 }
 
 }  // namespace billguard

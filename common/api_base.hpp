@@ -7,8 +7,12 @@
 
 namespace billguard {
 
-// https:// anywhere, or plain http:// only to a loopback host (127.0.0.0/8,
-// localhost, [::1]): keys must never cross a network in clear text.
-bool IsAcceptableApiBase(const std::string& url);
+// Why `url` cannot be billguard.api_base, or "" when it can. https:// goes
+// anywhere; plain http:// only to a loopback host (127.x.y.z, [::1],
+// localhost), because the key travels in every request's Authorization
+// header. The URL is parsed by libcurl, the code that will connect, and must
+// be written exactly as libcurl writes it back, so that no other spelling of
+// a host can pass for loopback.
+std::string ApiBaseError(const std::string& url);
 
 }  // namespace billguard

@@ -15,7 +15,6 @@
 
 #include "dispatch_queue.hpp"
 #include "dispatcher.hpp"
-#include "dispatcher_wakeup.hpp"
 #include "module.hpp"
 #include "pg_boundary.hpp"
 #include "shared_state.hpp"
@@ -41,14 +40,7 @@ void Log(const std::string& message) {
 }
 
 void PublishStatus(bool paused, const std::string& reason, int in_flight, int64 sent) {
-  SharedState* shared = Shared();
-  if (shared == nullptr) return;
-  SpinLockAcquire(&shared->mutex);
-  shared->paused = paused;
-  strlcpy(shared->pause_reason, reason.c_str(), sizeof(shared->pause_reason));
-  shared->in_flight = in_flight;
-  shared->requests_sent = sent;
-  SpinLockRelease(&shared->mutex);
+  CallPostgres([&] { PublishDispatcherStatus(paused, reason.c_str(), in_flight, sent); });
 }
 
 class Dispatcher {
@@ -118,19 +110,18 @@ class Dispatcher {
     Log("paused: " + reason + "; fix it and reload the configuration (SIGHUP)");
   }
 
-  // The worker runs the SQL functions of its own version: it waits for
-  // CREATE EXTENSION, and after a new library is installed for ALTER
-  // EXTENSION billguard UPDATE, rather than call functions that differ.
+  // The worker runs the SQL functions of its own version: after a new
+  // library is installed it waits for ALTER EXTENSION billguard UPDATE,
+  // rather than call functions that differ.
   void WaitForExtension() {
     std::string waiting_for;
     while (!ShutdownRequestPending) {
       const std::string installed = InstalledExtensionVersion();
       if (installed == EXTVERSION) break;
-      const std::string reason =
-          installed.empty() ? "waiting for CREATE EXTENSION billguard in database " +
-                                  std::string(settings::database)
-                            : "waiting for ALTER EXTENSION billguard UPDATE: the database has " +
-                                  installed + ", the library is " EXTVERSION;
+      // The next dispatcher finds no extension and leaves the database.
+      if (installed.empty()) throw std::runtime_error("billguard was dropped from this database");
+      const std::string reason = "waiting for ALTER EXTENSION billguard UPDATE: the database has " +
+                                 installed + ", the library is " EXTVERSION;
       if (reason != waiting_for) Log(reason);
       waiting_for = reason;
       PublishStatus(true, reason, 0, 0);

@@ -5,11 +5,8 @@
 
 namespace billguard {
 
-// Registers the worker; called from _PG_init while preloading.
-void RegisterDispatcher();
-
 // The worker's loop, until SIGTERM (dispatcher.cpp). Called by the entry
-// point (dispatcher_main.cpp) once connected, inside GuardedCall.
+// point (dispatcher_main.cpp) once it serves its database, inside GuardedCall.
 void RunDispatcher();
 
 }  // namespace billguard

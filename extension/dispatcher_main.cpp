@@ -1,17 +1,17 @@
-// The dispatcher's registration and entry point: the process around the
-// loop of dispatcher.cpp (signals, connection, HTTP library, exit).
+// The dispatcher's worker process (see dispatcher_main.hpp): everything
+// around the loop of dispatcher.cpp: signals, connection, whether this
+// database is served, the HTTP library, exit.
 #include "http_client.hpp"
 
+#include "dispatch_queue.hpp"
 #include "dispatcher.hpp"
-#include "dispatcher_wakeup.hpp"
-#include "module.hpp"
 #include "pg_boundary.hpp"
+#include "dispatcher_main.hpp"
 #include "shared_state.hpp"
 
 extern "C" {
 #include "miscadmin.h"
 #include "pgstat.h"
-#include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
 #include "storage/ipc.h"
 #include "utils/guc.h"
@@ -23,46 +23,86 @@ namespace billguard {
 
 namespace {
 
-void MarkRunning(int pid) {
-  SharedState* shared = Shared();
-  if (shared == nullptr) return;
-  SpinLockAcquire(&shared->mutex);
-  shared->dispatcher_pid = pid;
-  shared->dispatcher_started_at = pid != 0 ? GetCurrentTimestamp() : 0;
-  shared->in_flight = 0;
-  SpinLockRelease(&shared->mutex);
-}
-
 bool http_initialized = false;
 
-void OnDispatcherExit(int /*code*/, Datum /*arg*/) {
-  WithdrawDispatcherLatch();
-  MarkRunning(0);
+// The database's name, passed by the launcher in bgw_extra, on every line
+// the dispatcher logs: one runs per database.
+char database_name[NAMEDATALEN];
+ErrorContextCallback database_context;
+
+void DatabaseContext(void* /*arg*/) {
+  errcontext("billguard dispatcher of database \"%s\"", database_name);
+}
+
+void Log(int level, const char* message) {
+  CallPostgres([&] { ereport(level, (errmsg("billguard dispatcher: %s", message))); });
+}
+
+// Before ProcKill: MyLatch is still the shared latch that was published
+// (ProcKill switches it back to the process-local one and frees the PGPROC).
+void ReleaseAtExit(int /*code*/, Datum /*arg*/) {
+  ReleaseDatabase();
+}
+
+void ShutdownHttpAtExit(int /*code*/, Datum /*arg*/) {
   if (http_initialized) ShutdownHttp();
+}
+
+// Whether this process serves its database: it has the extension and no
+// other dispatcher serves it. A database without the extension is left at
+// once, so that no connection stays where billguard has nothing to do.
+bool ClaimThisDatabase() {
+  const uint64 requests_seen = CallPostgres([] { return ServiceRequests(); });
+  if (InstalledExtensionVersion().empty()) {
+    CallPostgres([&] { ForgetDatabase(MyDatabaseId, requests_seen); });
+    Log(DEBUG1, "no billguard extension in this database");
+    return false;
+  }
+  int other_pid = 0;
+  const Claim claim = CallPostgres([&] {
+    before_shmem_exit(ReleaseAtExit, 0);
+    return ClaimDatabase(&other_pid);
+  });
+  if (claim == Claim::kServedByAnother) {
+    Log(LOG,
+        ("the dispatcher with pid " + std::to_string(other_pid) + " serves this database").c_str());
+  } else if (claim == Claim::kNoRoom) {
+    Log(WARNING,
+        "this database is not served: billguard serves at most max_worker_processes databases");
+  }
+  return claim == Claim::kClaimed;
 }
 
 }  // namespace
 
-void RegisterDispatcher() {
+bool StartDispatcher(Oid database, const char* name, BackgroundWorkerHandle** handle) {
   BackgroundWorker worker;
   memset(&worker, 0, sizeof(worker));
   worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
   worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-  worker.bgw_restart_time = 2;  // seconds: supervised, restarted after a crash
+  // The launcher restarts it; the postmaster forgets it after a crash.
+  worker.bgw_restart_time = BGW_NEVER_RESTART;
   strlcpy(worker.bgw_library_name, "billguard", BGW_MAXLEN);
   strlcpy(worker.bgw_function_name, "billguard_dispatcher_main", BGW_MAXLEN);
-  strlcpy(worker.bgw_name, "billguard dispatcher", BGW_MAXLEN);
+  snprintf(worker.bgw_name, BGW_MAXLEN, "billguard dispatcher for %s", name);
   strlcpy(worker.bgw_type, "billguard dispatcher", BGW_MAXLEN);
-  RegisterBackgroundWorker(&worker);
+  strlcpy(worker.bgw_extra, name, NAMEDATALEN);
+  worker.bgw_main_arg = ObjectIdGetDatum(database);
+  worker.bgw_notify_pid = MyProcPid;  // the launcher's latch is set when it starts and stops
+  return CallPostgres([&] { return RegisterDynamicBackgroundWorker(&worker, handle); });
 }
 
 }  // namespace billguard
 
-extern "C" void billguard_dispatcher_main(Datum /*arg*/) {
+extern "C" void billguard_dispatcher_main(Datum arg) {
   pqsignal(SIGHUP, SignalHandlerForConfigReload);
   pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
   BackgroundWorkerUnblockSignals();
-  BackgroundWorkerInitializeConnection(billguard::settings::database, nullptr, 0);
+  strlcpy(billguard::database_name, MyBgworkerEntry->bgw_extra, NAMEDATALEN);
+  billguard::database_context.callback = billguard::DatabaseContext;
+  billguard::database_context.previous = error_context_stack;
+  error_context_stack = &billguard::database_context;
+  BackgroundWorkerInitializeConnectionByOid(DatumGetObjectId(arg), InvalidOid, 0);
   pgstat_report_appname("billguard dispatcher");
   // The worker runs as a superuser: its own statements resolve names in
   // pg_catalog only, whatever ALTER ROLE or ALTER DATABASE set.
@@ -74,17 +114,12 @@ extern "C" void billguard_dispatcher_main(Datum /*arg*/) {
   // still flush (billguard.claim_due_records).
   SetConfigOption("synchronous_commit", "off", PGC_USERSET, PGC_S_SESSION);
   billguard::GuardedCall("dispatcher", [&]() -> Datum {
+    if (!billguard::ClaimThisDatabase()) return 0;
     billguard::InitializeHttp();
     billguard::http_initialized = true;
-    billguard::CallPostgres([] {
-      on_proc_exit(billguard::OnDispatcherExit, 0);
-      billguard::PublishDispatcherLatch();
-      billguard::MarkRunning(MyProcPid);
-    });
+    billguard::CallPostgres([] { on_proc_exit(billguard::ShutdownHttpAtExit, 0); });
     billguard::RunDispatcher();
     return 0;
   });
-  // Exit code 1 even after SIGTERM: the postmaster then restarts a dispatcher
-  // that was stopped alone, and does not during server shutdown.
-  proc_exit(1);
+  proc_exit(0);
 }

@@ -1,12 +1,13 @@
-// Commit-time wake-up of the dispatcher (see dispatcher_wakeup.hpp).
-#include "dispatcher_wakeup.hpp"
-
+// Commit-time wake-ups (see dispatcher_wakeup.hpp).
 #include "pg_boundary.hpp"
+#include "dispatcher_wakeup.hpp"
 #include "shared_state.hpp"
 
 extern "C" {
 #include "access/xact.h"
 #include "miscadmin.h"
+#include "nodes/parsenodes.h"
+#include "tcop/utility.h"
 
 PG_FUNCTION_INFO_V1(billguard_wake_dispatcher);
 }
@@ -16,60 +17,73 @@ namespace billguard {
 namespace {
 
 bool wake_at_commit = false;
+bool request_at_commit = false;
+bool rescan_at_commit = false;
 bool callback_registered = false;
-
-void WakeDispatcherNow() {
-  SharedState* shared = Shared();
-  if (shared == nullptr) return;
-  SpinLockAcquire(&shared->mutex);
-  Latch* latch = shared->dispatcher_latch;
-  SpinLockRelease(&shared->mutex);
-  // A stale latch (dispatcher just exited) only causes one spurious wake-up.
-  if (latch != nullptr) SetLatch(latch);
-}
+ProcessUtility_hook_type previous_utility_hook = nullptr;
 
 void OnTransactionEnd(XactEvent event, void* /*arg*/) {
   switch (event) {
     case XACT_EVENT_COMMIT:
-      if (wake_at_commit) WakeDispatcherNow();
-      wake_at_commit = false;
+      if (request_at_commit) RequestService(MyDatabaseId);
+      if (rescan_at_commit) RequestRescan();
+      if (wake_at_commit) WakeDispatcherOf(MyDatabaseId);
+      wake_at_commit = request_at_commit = rescan_at_commit = false;
       break;
     case XACT_EVENT_ABORT:
     case XACT_EVENT_PREPARE:
-      wake_at_commit = false;
+      wake_at_commit = request_at_commit = rescan_at_commit = false;
       break;
     default:
       break;
   }
 }
 
-}  // namespace
-
-void PublishDispatcherLatch() {
-  SharedState* shared = Shared();
-  if (shared == nullptr) return;
-  SpinLockAcquire(&shared->mutex);
-  shared->dispatcher_latch = MyLatch;
-  SpinLockRelease(&shared->mutex);
+void RegisterCallbackOnce() {
+  if (callback_registered) return;
+  RegisterXactCallback(OnTransactionEnd, nullptr);
+  callback_registered = true;
 }
 
-void WithdrawDispatcherLatch() {
-  SharedState* shared = Shared();
-  if (shared == nullptr) return;
-  SpinLockAcquire(&shared->mutex);
-  if (shared->dispatcher_latch == MyLatch) shared->dispatcher_latch = nullptr;
-  SpinLockRelease(&shared->mutex);
+// Plain PostgreSQL code: errors of the statement pass through it.
+void ProcessUtility(PlannedStmt* statement, const char* query, bool read_only_tree,
+                    ProcessUtilityContext context, ParamListInfo params,
+                    QueryEnvironment* environment, DestReceiver* destination,
+                    QueryCompletion* completion) {
+  if (previous_utility_hook != nullptr) {
+    previous_utility_hook(statement, query, read_only_tree, context, params, environment,
+                          destination, completion);
+  } else {
+    standard_ProcessUtility(statement, query, read_only_tree, context, params, environment,
+                            destination, completion);
+  }
+  const Node* node = statement->utilityStmt;
+  if (IsA(node, CreateExtensionStmt) &&
+      strcmp(castNode(CreateExtensionStmt, node)->extname, "billguard") == 0) {
+    RegisterCallbackOnce();
+    request_at_commit = true;
+  } else if (IsA(node, AlterDatabaseStmt)) {
+    // ALLOW_CONNECTIONS false or IS_TEMPLATE true: the dispatcher leaves at
+    // once, so DROP DATABASE or CREATE DATABASE ... TEMPLATE that follows
+    // finds the database free.
+    RegisterCallbackOnce();
+    rescan_at_commit = true;
+  }
+}
+
+}  // namespace
+
+void InstallCreateExtensionHook() {
+  previous_utility_hook = ProcessUtility_hook;
+  ProcessUtility_hook = ProcessUtility;
 }
 
 }  // namespace billguard
 
-// billguard.wake_dispatcher(): ask for a wake-up when this transaction commits.
+// billguard.wake_dispatcher(): wake this database's dispatcher at COMMIT.
 extern "C" Datum billguard_wake_dispatcher(PG_FUNCTION_ARGS) {
   return billguard::GuardedCall("wake_dispatcher", [&]() -> Datum {
-    if (!billguard::callback_registered) {
-      billguard::CallPostgres([] { RegisterXactCallback(billguard::OnTransactionEnd, nullptr); });
-      billguard::callback_registered = true;
-    }
+    billguard::CallPostgres([] { billguard::RegisterCallbackOnce(); });
     billguard::wake_at_commit = true;
     PG_RETURN_VOID();
   });

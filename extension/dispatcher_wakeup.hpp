@@ -1,14 +1,19 @@
-// Waking the dispatcher after COMMIT. bill_period / bill_customer call
-// billguard.wake_dispatcher(); the wake-up is sent only when the transaction
-// commits, so the dispatcher never wakes to rows it cannot see yet, and a
-// rolled-back billing wakes nobody. Without preloading it is a no-op: the
-// dispatcher's periodic poll still finds the rows.
+// Wake-ups sent when a transaction commits, never for one that rolls back:
+//   billguard.wake_dispatcher()  bill_period / bill_customer wake the
+//                                dispatcher of their own database, so it
+//                                never wakes to rows it cannot see yet;
+//   CREATE EXTENSION billguard   wakes the launcher to serve the database,
+//                                without a restart (any version's script,
+//                                and pg_restore's, run through it);
+//   ALTER DATABASE               wakes the launcher to look again: a database
+//                                that no longer allows connections or became
+//                                a template is left at once.
+// Without preloading neither happens, and no dispatcher runs at all.
 #pragma once
 
 namespace billguard {
 
-// The dispatcher publishes its latch at start and withdraws it at exit.
-void PublishDispatcherLatch();
-void WithdrawDispatcherLatch();
+// Installs the hook that sees CREATE EXTENSION and ALTER DATABASE; from _PG_init.
+void InstallCreateExtensionHook();
 
 }  // namespace billguard

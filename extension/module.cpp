@@ -1,10 +1,11 @@
 // Module initialisation: settings and, when preloaded, shared memory and the
-// background workers.
+// launcher, which starts the dispatchers.
 #include <cstring>
 
 #include "api_base.hpp"
 
-#include "dispatcher.hpp"
+#include "dispatcher_wakeup.hpp"
+#include "launcher.hpp"
 #include "module.hpp"
 #include "shared_state.hpp"
 
@@ -53,26 +54,25 @@ bool CheckKeyNamespace(char** newval, void** /*extra*/, GucSource /*source*/) {
 
 // Check hooks also run in the postmaster, where an escaping C++ exception
 // would end the server: a hook that calls C++ runs its check through this.
+// `check` returns why it refuses the value ("" accepts it); the reason is
+// copied out so that GUC_check_errdetail runs once every C++ object is gone.
 template <typename Check>
-bool GuardedCheck(Check&& check) noexcept {
-  bool accepted = false;
+bool GuardedCheck(Check&& check, char* reason, size_t size) noexcept {
   try {
-    accepted = check();
+    strlcpy(reason, check().c_str(), size);
   } catch (...) {
-    accepted = false;
+    strlcpy(reason, "The value could not be checked.", size);
   }
-  return accepted;
+  return reason[0] == '\0';
 }
 
 bool CheckApiBase(char** newval, void** /*extra*/, GucSource /*source*/) {
-  const char* url = *newval;
-  if (url == nullptr || !GuardedCheck([url] { return billguard::IsAcceptableApiBase(url); })) {
-    GUC_check_errdetail(
-        "billguard.api_base must be an https:// URL, or http:// to a loopback address, "
-        "without a trailing slash.");
-    return false;
-  }
-  return true;
+  const char* url = *newval != nullptr ? *newval : "";
+  char reason[512];
+  if (GuardedCheck([url] { return billguard::ApiBaseError(url); }, reason, sizeof(reason)))
+    return true;
+  GUC_check_errdetail("%s", reason);
+  return false;
 }
 
 bool CheckStripeEndpoint(char** newval, void** /*extra*/, GucSource /*source*/) {
@@ -86,13 +86,10 @@ bool CheckStripeEndpoint(char** newval, void** /*extra*/, GucSource /*source*/) 
 
 void DefineDispatcherSettings() {
   using namespace billguard::settings;
-  // A PGC_POSTMASTER setting defined after startup is FATAL: a session that
-  // loads billguard without preloading (CREATE EXTENSION, the DROP guard)
-  // runs no dispatcher and leaves it undefined.
-  if (process_shared_preload_libraries_in_progress) {
-    DefineCustomStringVariable("billguard.database", "Database the dispatcher works in.", nullptr,
-                               &database, "postgres", PGC_POSTMASTER, 0, nullptr, nullptr, nullptr);
-  }
+  DefineCustomStringVariable("billguard.database",
+                             "The only database billguard serves (unset: every database).",
+                             "Unset, a dispatcher runs in every database that has the extension.",
+                             &database, "", PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
   DefineCustomStringVariable("billguard.api_base", "Base URL of the Stripe API (or the proxy).",
                              nullptr, &api_base, "https://api.stripe.com", PGC_SIGHUP, 0,
                              CheckApiBase, nullptr, nullptr);
@@ -171,5 +168,6 @@ extern "C" void _PG_init(void) {
     return;
   }
   billguard::InstallSharedState();
-  billguard::RegisterDispatcher();
+  billguard::InstallCreateExtensionHook();
+  billguard::RegisterLauncher();
 }

@@ -608,3 +608,42 @@ REVOKE ALL ON FUNCTION billguard.is_valid_customer_id(text), billguard.keep_user
   billguard.cancel_unsent(text, text, text), billguard.cancel_record(text, text),
   billguard.cancel_unsent_of_deactivated(), billguard.protect_history(),
   billguard.archive_history(text) FROM PUBLIC;
+
+-- ==== The worker: a dispatcher in every database, its wake-up latch and status (issue 6, items 17, 18, 20) ====
+-- dispatcher_state() gains columns, so it is created anew; dispatch_status is
+-- re-pointed with CREATE OR REPLACE, never dropped, so that the grants
+-- operators hold on it survive the update.
+ALTER FUNCTION billguard.dispatcher_state() RENAME TO dispatcher_state_0_1_0;
+CREATE FUNCTION billguard.dispatcher_state(
+    OUT pid integer, OUT started_at timestamptz, OUT paused boolean, OUT pause_reason text,
+    OUT in_flight integer, OUT requests_sent bigint, OUT wakeup_registered boolean,
+    OUT not_served_reason text)
+  LANGUAGE c VOLATILE
+  SET search_path = pg_catalog, pg_temp
+  AS 'MODULE_PATHNAME', 'billguard_dispatcher_state';
+REVOKE ALL ON FUNCTION billguard.dispatcher_state() FROM PUBLIC;
+COMMENT ON FUNCTION billguard.wake_dispatcher() IS
+  'Wakes this database''s dispatcher when the current transaction commits (no-op unless billguard is preloaded).';
+CREATE OR REPLACE VIEW billguard.dispatch_status AS
+SELECT d.pid IS NOT NULL AS worker_running,
+       d.pid AS worker_pid,
+       d.started_at AS worker_started_at,
+       d.paused,
+       d.pause_reason,
+       d.in_flight,
+       d.requests_sent,
+       (SELECT count(*) FROM billguard.billing_records r
+         WHERE r.status IN ('pending', 'dispatching', 'unknown') AND r.next_attempt_at <= now()) AS due,
+       (SELECT count(*) FROM billguard.billing_records r
+         WHERE r.status IN ('pending', 'dispatching', 'unknown')) AS outstanding,
+       (SELECT now() - min(r.created_at) FROM billguard.billing_records r
+         WHERE r.status IN ('pending', 'dispatching', 'unknown')) AS oldest_outstanding_age,
+       (SELECT count(*) FROM billguard.billing_records r
+         WHERE r.status = 'completed' AND r.completed_at > now() - interval '1 minute') AS completed_last_minute,
+       (SELECT count(*) FROM billguard.billing_records r
+         WHERE r.status IN ('failed', 'needs_review') AND r.updated_at > now() - interval '1 minute') AS failed_last_minute,
+       d.not_served_reason
+  FROM billguard.dispatcher_state() d;
+DROP FUNCTION billguard.dispatcher_state_0_1_0();
+COMMENT ON VIEW billguard.dispatch_status IS
+  'The dispatcher of this database: running or not and why, paused and why, requests in flight, the queue, recent outcomes.';

@@ -21,7 +21,7 @@ CREATE FUNCTION billguard.wake_dispatcher() RETURNS void
   SET search_path = pg_catalog, pg_temp
   AS 'MODULE_PATHNAME', 'billguard_wake_dispatcher';
 COMMENT ON FUNCTION billguard.wake_dispatcher() IS
-  'Wakes the dispatcher when the current transaction commits (no-op unless billguard is preloaded).';
+  'Wakes this database''s dispatcher when the current transaction commits (no-op unless billguard is preloaded).';
 
 -- The same period rule idempotency_key() applies (key_derivation.cpp), for
 -- constraints and argument checks: one definition of a valid YYYY-MM.

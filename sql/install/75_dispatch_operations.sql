@@ -1,23 +1,25 @@
 -- What operators see and do: the dispatcher's state, and deliberate
 -- requeueing or resolution of records that need a person.
 
+-- The dispatcher of the current database, from shared memory: it runs
+-- (pid) or why not (not_served_reason); wakeup_registered says whether a
+-- billing's COMMIT would set a dispatcher's latch, never while none runs.
 CREATE FUNCTION billguard.dispatcher_state(
     OUT pid integer, OUT started_at timestamptz, OUT paused boolean, OUT pause_reason text,
-    OUT in_flight integer, OUT requests_sent bigint)
+    OUT in_flight integer, OUT requests_sent bigint, OUT wakeup_registered boolean,
+    OUT not_served_reason text)
   LANGUAGE c VOLATILE
   SET search_path = pg_catalog, pg_temp
   AS 'MODULE_PATHNAME', 'billguard_dispatcher_state';
 
 CREATE VIEW billguard.dispatch_status AS
-SELECT coalesce(EXISTS (SELECT FROM pg_catalog.pg_stat_activity a
-                         WHERE a.pid = d.pid AND a.backend_type = 'billguard dispatcher'), false)
-         AS worker_running,
+SELECT d.pid IS NOT NULL AS worker_running,
        d.pid AS worker_pid,
        d.started_at AS worker_started_at,
-       coalesce(d.paused, false) AS paused,
+       d.paused,
        d.pause_reason,
-       coalesce(d.in_flight, 0) AS in_flight,
-       coalesce(d.requests_sent, 0) AS requests_sent,
+       d.in_flight,
+       d.requests_sent,
        (SELECT count(*) FROM billguard.billing_records r
          WHERE r.status IN ('pending', 'dispatching', 'unknown') AND r.next_attempt_at <= now()) AS due,
        (SELECT count(*) FROM billguard.billing_records r
@@ -27,10 +29,11 @@ SELECT coalesce(EXISTS (SELECT FROM pg_catalog.pg_stat_activity a
        (SELECT count(*) FROM billguard.billing_records r
          WHERE r.status = 'completed' AND r.completed_at > now() - interval '1 minute') AS completed_last_minute,
        (SELECT count(*) FROM billguard.billing_records r
-         WHERE r.status IN ('failed', 'needs_review') AND r.updated_at > now() - interval '1 minute') AS failed_last_minute
+         WHERE r.status IN ('failed', 'needs_review') AND r.updated_at > now() - interval '1 minute') AS failed_last_minute,
+       d.not_served_reason
   FROM billguard.dispatcher_state() d;
 COMMENT ON VIEW billguard.dispatch_status IS
-  'The dispatcher: running or not, paused and why, requests in flight, the queue, recent outcomes.';
+  'The dispatcher of this database: running or not and why, paused and why, requests in flight, the queue, recent outcomes.';
 
 -- The record of (customer_id, billing_period), locked, if its status is one
 -- of `allowed`; otherwise a clear error naming what `action` needs.

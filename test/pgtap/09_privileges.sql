@@ -1,15 +1,24 @@
--- 09_privileges.sql: the README's grants are enough to bill, and nothing more.
+-- 09_privileges.sql: the README's grants, run exactly as written there, let
+-- each role do its job, and nothing more.
 --
 -- Proves: a role without grants (app_without_grants) is refused (42501) for
 -- bill_period, bill_customer, period_status and reading billing_records;
--- a role with exactly the README grants (billing_app) can call bill_period,
--- bill_customer, period_status, entity_state, idempotency_key and
--- key_namespace, whose writes land in the tables, but cannot read or write
--- billing_records, journal, accounts or snapshots directly, cannot call the
--- internal journal functions, and cannot change the key namespace.
+-- the application role (billing_app) can call bill_period, bill_customer,
+-- period_status, entity_state, idempotency_key and key_namespace, whose
+-- writes land in the tables, but cannot read or write billing_records,
+-- journal, accounts or snapshots directly, cannot call the internal journal
+-- functions, cannot read dispatch_status and cannot change the key
+-- namespace; the accounts maintainer (billing_accounts) can read, add and
+-- change accounts, but not delete them, bill, or read billing records or
+-- the dispatcher's state; the operator (billing_ops) can read
+-- dispatch_status (seeing the dispatcher as a superuser does), requeue a
+-- failed record and resolve one that needs review, but cannot bill, read or
+-- change the tables, or see where the API key lives.
+-- The block between the README markers is the README's, verbatim;
+-- test/t/106_readme_grants_in_step.pl fails when the two differ.
 -- Roles are created inside the transaction and vanish with the ROLLBACK.
 BEGIN;
-SELECT plan(45);
+SELECT plan(69);
 
 UPDATE billguard.accounts SET active = false WHERE customer_id NOT LIKE 't09\_%';
 INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency) VALUES
@@ -18,11 +27,38 @@ INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, curr
 
 CREATE ROLE app_without_grants NOLOGIN;
 CREATE ROLE billing_app NOLOGIN;
--- Exactly the README grants.
+CREATE ROLE billing_accounts NOLOGIN;
+CREATE ROLE billing_ops NOLOGIN;
+-- README grants: begin
+-- The application: bills, and reads what it billed.
 GRANT USAGE ON SCHEMA billguard TO billing_app;
-GRANT EXECUTE ON FUNCTION billguard.bill_period(text), billguard.bill_customer(text, text, text),
-  billguard.period_status(text), billguard.entity_state(text), billguard.idempotency_key(text, text, text),
-  billguard.key_namespace() TO billing_app;
+GRANT EXECUTE ON FUNCTION
+  billguard.bill_period(text),
+  billguard.bill_customer(text, text, text),
+  billguard.period_status(text),
+  billguard.entity_state(text),
+  billguard.idempotency_key(text, text, text),
+  billguard.key_namespace()
+TO billing_app;
+
+-- Whoever maintains the accounts (the CHECK on customer_id calls
+-- is_valid_customer_id(), which PostgreSQL checks against the inserting role).
+GRANT USAGE ON SCHEMA billguard TO billing_accounts;
+GRANT SELECT, INSERT, UPDATE ON billguard.accounts TO billing_accounts;
+GRANT EXECUTE ON FUNCTION billguard.is_valid_customer_id(text) TO billing_accounts;
+
+-- Operators: the dispatcher's state (the view calls dispatcher_state(), which
+-- PostgreSQL checks against the caller), requeueing, resolving and
+-- cancelling records.
+GRANT USAGE ON SCHEMA billguard TO billing_ops;
+GRANT SELECT ON billguard.dispatch_status TO billing_ops;
+GRANT EXECUTE ON FUNCTION
+  billguard.dispatcher_state(),
+  billguard.retry_record(text, text),
+  billguard.resolve_record(text, text, text),
+  billguard.cancel_record(text, text)
+TO billing_ops;
+-- README grants: end
 
 ------------------------------------------------------------------------------
 -- No grants: refused.
@@ -124,6 +160,8 @@ SELECT throws_ok($$SELECT billguard.save_snapshot('billing-scheduler')$$,
                  '42501', 'permission denied for function save_snapshot', 'billing_app: save_snapshot refused');
 SELECT throws_ok($$SELECT * FROM billguard.claim_period('2034-04')$$,
                  '42501', 'permission denied for function claim_period', 'billing_app: claim_period refused');
+SELECT throws_ok($$SELECT * FROM billguard.dispatch_status$$, '42501',
+                 'permission denied for view dispatch_status', 'billing_app: dispatch_status refused');
 -- ... nor the namespace.
 SELECT throws_ok($$SET billguard.key_namespace = 'app-ns'$$, '42501',
                  'permission denied to set parameter "billguard.key_namespace"',
@@ -131,21 +169,85 @@ SELECT throws_ok($$SET billguard.key_namespace = 'app-ns'$$, '42501',
 RESET ROLE;
 
 ------------------------------------------------------------------------------
--- What billing_app did through the functions is in the tables, and its
+-- The accounts maintainer: reads, adds and changes accounts; nothing else.
+SET LOCAL ROLE billing_accounts;
+SELECT is(current_user::text, 'billing_accounts', 'running as billing_accounts');
+SELECT lives_ok($$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency)
+                  VALUES ('t09_erin', 'cus_t09erin', 1500, 'eur')$$,
+                'billing_accounts: INSERT into accounts works');
+SELECT lives_ok($$UPDATE billguard.accounts SET amount_cents = 1600 WHERE customer_id = 't09_erin'$$,
+                'billing_accounts: UPDATE of accounts works');
+SELECT is((SELECT amount_cents FROM billguard.accounts WHERE customer_id = 't09_erin'), 1600::bigint,
+          'billing_accounts: SELECT from accounts works');
+SELECT throws_ok(statement, '42501', message, 'billing_accounts: ' || refused) FROM (VALUES
+  ($$DELETE FROM billguard.accounts WHERE customer_id = 't09_erin'$$,
+   'permission denied for table accounts', 'DELETE from accounts refused'),
+  ($$INSERT INTO billguard.currencies (code, minor_units) VALUES ('xts', 2)$$,
+   'permission denied for table currencies', 'INSERT into currencies refused'),
+  ($$SELECT * FROM billguard.billing_records$$,
+   'permission denied for table billing_records', 'SELECT from billing_records refused'),
+  ($$SELECT * FROM billguard.journal$$, 'permission denied for table journal', 'SELECT from journal refused'),
+  ($$SELECT * FROM billguard.bill_period('2034-05')$$,
+   'permission denied for function bill_period', 'bill_period refused'),
+  ($$SELECT * FROM billguard.dispatch_status$$,
+   'permission denied for view dispatch_status', 'dispatch_status refused')
+) AS cases (statement, message, refused);
+RESET ROLE;
+
+------------------------------------------------------------------------------
+-- The operator: the dispatcher's state, requeueing and resolving; nothing else.
+UPDATE billguard.billing_records SET status = 'failed', last_error = '402 card_error/card_declined'
+ WHERE customer_id = 't09_carol' AND billing_period = '2034-01';
+UPDATE billguard.billing_records SET status = 'needs_review'
+ WHERE customer_id = 't09_dave' AND billing_period = '2034-01';
+CREATE TEMPORARY TABLE t09_dispatcher_seen_by_superuser AS
+  SELECT worker_running, worker_pid FROM billguard.dispatch_status;
+GRANT SELECT ON t09_dispatcher_seen_by_superuser TO billing_ops;
+
+SET LOCAL ROLE billing_ops;
+SELECT is(current_user::text, 'billing_ops', 'running as billing_ops');
+SELECT is((SELECT count(*) FROM billguard.dispatch_status), 1::bigint,
+          'billing_ops: dispatch_status can be read');
+SELECT results_eq($$SELECT worker_running, worker_pid FROM billguard.dispatch_status$$,
+                  $$SELECT worker_running, worker_pid FROM t09_dispatcher_seen_by_superuser$$,
+                  'billing_ops: it shows the dispatcher as a superuser sees it');
+SELECT is(billguard.retry_record('t09_carol', '2034-01'), 'pending', 'billing_ops: retry_record works');
+SELECT is(billguard.resolve_record('t09_dave', '2034-01', 'pi_t09dave'), 'completed',
+          'billing_ops: resolve_record works');
+SELECT throws_ok($$SHOW billguard.api_key_file$$, '42501', NULL,
+                 'billing_ops: where the API key lives stays hidden');
+SELECT throws_ok(statement, '42501', message, 'billing_ops: ' || refused) FROM (VALUES
+  ($$SELECT * FROM billguard.billing_records$$,
+   'permission denied for table billing_records', 'SELECT from billing_records refused'),
+  ($$UPDATE billguard.billing_records SET status = 'completed'$$,
+   'permission denied for table billing_records', 'UPDATE of billing_records refused'),
+  ($$SELECT * FROM billguard.accounts$$, 'permission denied for table accounts', 'SELECT from accounts refused'),
+  ($$SELECT * FROM billguard.journal$$, 'permission denied for table journal', 'SELECT from journal refused'),
+  ($$SELECT * FROM billguard.bill_period('2034-05')$$,
+   'permission denied for function bill_period', 'bill_period refused'),
+  ($$SELECT * FROM billguard.claim_due_records(10, '1 minute', '23 hours')$$,
+   'permission denied for function claim_due_records', 'claim_due_records refused')
+) AS cases (statement, message, refused);
+RESET ROLE;
+
+------------------------------------------------------------------------------
+-- What the roles did through the functions is in the tables, and their
 -- refused attempts changed nothing.
 SELECT is(current_user::text, session_user::text, 'back to the session user');
 SELECT bag_eq($$SELECT customer_id, billing_period, status, request_id FROM billguard.billing_records
                  WHERE customer_id LIKE 't09\_%'$$,
               $$VALUES ('t09_carol'::text, '2034-01'::text, 'pending'::text, NULL::text),
-                       ('t09_dave', '2034-01', 'pending', NULL),
+                       ('t09_dave', '2034-01', 'completed', NULL),
                        ('t09_carol', '2034-02', 'pending', NULL)$$,
-              'billing_app''s calls wrote exactly three pending records, none forged');
-SELECT is((SELECT count(*) FROM billguard.journal WHERE persistence_id LIKE 'billing-t09\_%'), 3::bigint,
-          'billing_app''s calls wrote exactly three BillingInitiated events');
-SELECT is((SELECT count(*) FROM billguard.accounts WHERE customer_id LIKE 't09\_%'), 2::bigint,
-          'no account was added by billing_app');
-SELECT is((SELECT sum(amount_cents) FROM billguard.accounts WHERE customer_id LIKE 't09\_%'), 6000::numeric,
-          'no account was changed by billing_app');
+              'billing_app''s calls wrote exactly three records, none forged; billing_ops requeued one and resolved one');
+SELECT is((SELECT charge_id FROM billguard.billing_records WHERE customer_id = 't09_dave' AND billing_period = '2034-01'),
+          'pi_t09dave', 'the resolved record carries the charge billing_ops named');
+SELECT is((SELECT count(*) FROM billguard.journal WHERE persistence_id LIKE 'billing-t09\_%'), 5::bigint,
+          'three BillingInitiated events, one RecordRequeued, one ReviewResolved');
+SELECT is((SELECT count(*) FROM billguard.accounts WHERE customer_id LIKE 't09\_%'), 3::bigint,
+          'only billing_accounts added an account');
+SELECT is((SELECT sum(amount_cents) FROM billguard.accounts WHERE customer_id LIKE 't09\_%'), 7600::numeric,
+          'only billing_accounts changed an account');
 
 SELECT * FROM finish();
 ROLLBACK;
