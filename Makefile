@@ -24,7 +24,8 @@ OBJS = \
 	extension/dispatch_queue.o \
 	extension/dispatcher.o \
 	extension/dispatcher_main.o \
-	extension/dispatcher_status.o
+	extension/dispatcher_status.o \
+	extension/random_text.o
 
 # Released scripts are frozen in sql/; the install script of the version
 # under development is assembled from sql/install/, one file per concern, in
