@@ -5,6 +5,7 @@
 // forwards and relays.
 #include <httplib.h>
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <cstdio>
 #include <optional>
@@ -24,6 +25,14 @@ namespace {
 
 // Limits on what a client may send: Stripe's requests are small.
 constexpr std::size_t kMaxBodyBytes = 64 * 1024;
+
+// Debian's cpp-httplib is built to listen with a backlog of 5: a burst of
+// new connections would then wait for SYN retransmits, or be dropped. The
+// socket's backlog can be raised once it listens.
+class Server : public httplib::Server {
+ public:
+  void WidenBacklog() { ::listen(svr_sock_, SOMAXCONN); }
+};
 
 // The key file's mode and content: the shared loader checks the key's shape.
 std::string ReadUpstreamKey(const std::string& path) {
@@ -122,7 +131,7 @@ int main(int argc, char** argv) {
                              metrics,      admin_token,
                              issuer_token, upstream_key.find("_live_") != std::string::npos};
 
-    httplib::Server server;
+    Server server;
     const auto threads = static_cast<std::size_t>(options.threads);
     server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     server.set_payload_max_length(kMaxBodyBytes);
@@ -147,6 +156,7 @@ int main(int argc, char** argv) {
     if (port < 0)
       throw bp::StartupError("cannot listen on " + options.listen_host + ":" +
                              std::to_string(options.listen_port));
+    server.WidenBacklog();
     std::thread stopper([&] {
       int signal_number = 0;
       sigwait(&stop_signals, &signal_number);
