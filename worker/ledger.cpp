@@ -115,10 +115,14 @@ void Ledger::CheckSchema() {
         throw StartupError(where + " lacks the billguard extension: CREATE EXTENSION billguard");
       }
       const std::string role = version[1].as<std::string>();
+      if (!tx.exec1("SELECT has_schema_privilege('billguard', 'USAGE')")[0].as<bool>()) {
+        throw StartupError("role " + role + " may not use schema billguard in " + where +
+                           ": grant what the README's proxy section lists");
+      }
       for (const char* function : kFunctions) {
         const auto found = tx.exec_params1(
-            "SELECT p IS NOT NULL, p IS NOT NULL AND has_schema_privilege('billguard', 'USAGE') "
-            "AND has_function_privilege(p, 'EXECUTE') FROM to_regprocedure($1) p",
+            "SELECT p IS NOT NULL, p IS NOT NULL AND has_function_privilege(p, 'EXECUTE') "
+            "FROM to_regprocedure($1) p",
             function);
         if (!found[0].as<bool>()) {
           throw StartupError(where + " has billguard " + version[2].as<std::string>() +

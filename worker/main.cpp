@@ -168,8 +168,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "billguard-proxy: serving on %s:%d, upstream %s\n",
                  options.listen_host.c_str(), port, options.upstream.c_str());
     server.listen_after_bind();
-  } catch (const bp::StartupError& e) {
-    std::fprintf(stderr, "billguard-proxy: %s\n", e.what());
+  } catch (const std::exception& e) {
+    // A StartupError says why in one line; anything else is cut to its first.
+    const std::string message = e.what();
+    std::fprintf(stderr, "billguard-proxy: %s\n", message.substr(0, message.find('\n')).c_str());
     return 1;
   }
   return 0;
