@@ -33,6 +33,9 @@ psql -X -q -h "$work/pgtap" -p "$port" -U postgres -d billguard_test \
 pg_prove -h "$work/pgtap" -p "$port" -U postgres -d billguard_test test/pgtap/*.sql || failed=1
 test/cluster.sh stop "$work/pgtap"
 
+echo "== the official Stripe client for the proxy's scenarios (npm ci)"
+(cd test/stripe-client && npm ci --no-audit --no-fund --silent && chmod -R a+rX .) || failed=1
+
 echo "== TAP scenarios (races, restarts, crashes)"
 # PostgreSQL's own harness refuses to run as root: run as postgres in a
 # directory it owns.
