@@ -1200,3 +1200,5 @@ REVOKE ALL ON FUNCTION billguard.random_base62(integer), billguard.usd_to_cents(
   billguard.raise_vault_cap(text, numeric), billguard.stripe_error_body(text, text, text),
   billguard.vault_authorize(bytea, text, text, text, text, bigint, text, text),
   billguard.vault_settle(text, text, integer, text, text, text, text) FROM PUBLIC;
+REVOKE ALL ON TABLE billguard.vault_budgets, billguard.vault_keys, billguard.vault_reservations,
+  billguard.vault_audit, billguard.vault_spend FROM PUBLIC;

@@ -135,7 +135,7 @@ open my $fh, '>', $file or die;
 print $fh $metrics->{content};
 close $fh;
 my ($out) = run_command([ 'sh', '-c', "promtool check metrics < $file 2>&1; echo exit=\$?" ]);
-is($out, "exit=0\n", 'promtool check metrics finds nothing wrong');
+is($out, "exit=0", 'promtool check metrics finds nothing wrong');
 is($proxy->request('GET', '/healthz', undef)->{content}, '{"status":"ok"}', '/healthz checks the database');
 
 my @secrets = ($StripeEmulatorHarness::DEFAULT_API_KEY, $proxy->admin_token, $proxy->issuer_token);
