@@ -26,7 +26,8 @@ OBJS = \
 	extension/dispatch_queue.o \
 	extension/dispatcher.o \
 	extension/dispatcher_main.o \
-	extension/dispatcher_status.o
+	extension/dispatcher_status.o \
+	extension/random_text.o
 
 # Released scripts are frozen in sql/; the install script of the version
 # under development is assembled from sql/install/, one file per concern, in
@@ -46,7 +47,7 @@ SHLIB_LINK  = .build/common/libbillguard_common.a -lcurl -lcrypto -lstdc++
 # same language standard as g++ for our C++17 sources.
 COMPILE.cxx.bc = $(CLANG) -xc++ -std=c++17 -Wno-register -Wno-ignored-attributes $(BITCODE_CXXFLAGS) $(CPPFLAGS) -flto=thin -emit-llvm -c
 
-EXTRA_CLEAN = .build $(EXTENSION).control META.json
+EXTRA_CLEAN = .build $(EXTENSION).control META.json worker/billguard-proxy
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
@@ -96,6 +97,25 @@ UNIT_LIBS  = -lcurl -lcrypto
 .build/asan/unit/%: test/unit/%.cpp .build/asan/common/libbillguard_common.a
 	@mkdir -p $(@D)
 	$(CXX) $(COMMON_CXXFLAGS) $(SANITIZE) -o $@ $< .build/asan/common/libbillguard_common.a $(UNIT_LIBS)
+
+# billguard-proxy, the spend-cap proxy (worker/): common/, libpqxx, cpp-httplib
+# and nlohmann-json. Installed where a user's shell finds it, not in
+# PostgreSQL's bindir.
+PROXY        = worker/billguard-proxy
+PROXY_SRCS   = $(sort $(wildcard worker/*.cpp))
+PROXY_LIBS   = -lpqxx -lpq -lcpp-httplib -lcurl -lcrypto -pthread
+PROXY_BINDIR ?= /usr/local/bin
+.build/worker/%.o: worker/%.cpp
+	@mkdir -p $(@D)
+	$(CXX) $(COMMON_CXXFLAGS) -c -o $@ $<
+$(PROXY): $(PROXY_SRCS:worker/%.cpp=.build/worker/%.o) .build/common/libbillguard_common.a
+	$(CXX) -o $@ $^ $(PROXY_LIBS)
+all: $(PROXY)
+.PHONY: install-proxy
+install: install-proxy
+install-proxy: $(PROXY)
+	$(INSTALL) -d '$(DESTDIR)$(PROXY_BINDIR)'
+	$(INSTALL_PROGRAM) $(PROXY) '$(DESTDIR)$(PROXY_BINDIR)/billguard-proxy'
 
 -include $(wildcard .build/*/*.d .build/*/*/*.d)
 

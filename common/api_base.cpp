@@ -55,34 +55,34 @@ bool IsLoopbackHost(const std::string& host) {
 }  // namespace
 
 std::string ApiBaseError(const std::string& url) {
-  if (url.empty()) return "billguard.api_base must not be empty.";
-  if (url.back() == '/') return "billguard.api_base must not end with '/'.";
+  if (url.empty()) return "The URL must not be empty.";
+  if (url.back() == '/') return "The URL must not end with '/'.";
   UrlHandle parsed(curl_url(), curl_url_cleanup);
-  if (!parsed) return "billguard.api_base could not be checked (out of memory).";
+  if (!parsed) return "The URL could not be checked (out of memory).";
   if (curl_url_set(parsed.get(), CURLUPART_URL, url.c_str(), 0) != CURLUE_OK)
-    return "billguard.api_base is not a URL libcurl can parse.";
+    return "It is not a URL libcurl can parse.";
   CURLU* u = parsed.get();
   // libcurl connects to the host after an '@': userinfo could dress any host
   // up as loopback.
   if (HasPart(u, CURLUPART_USER) || HasPart(u, CURLUPART_PASSWORD) || HasPart(u, CURLUPART_OPTIONS))
-    return "billguard.api_base must not contain a user name, password or login options "
+    return "The URL must not contain a user name, password or login options "
            "(anything before an '@').";
   if (HasPart(u, CURLUPART_QUERY) || HasPart(u, CURLUPART_FRAGMENT))
-    return "billguard.api_base must not contain a query or a fragment.";
-  if (HasPart(u, CURLUPART_ZONEID)) return "billguard.api_base must not contain an IPv6 zone id.";
+    return "The URL must not contain a query or a fragment.";
+  if (HasPart(u, CURLUPART_ZONEID)) return "The URL must not contain an IPv6 zone id.";
   std::string scheme, host, canonical;
   if (!GetPart(u, CURLUPART_SCHEME, scheme) || !GetPart(u, CURLUPART_HOST, host) ||
       !GetPart(u, CURLUPART_URL, canonical))
-    return "billguard.api_base must name a scheme and a host.";
+    return "The URL must name a scheme and a host.";
   // libcurl normalises what it parses (2130706433 and 0x7f.1 become
   // 127.0.0.1, %31 becomes 1, a default path '/' is added): only a URL that
   // reads the same once parsed shows the host that will be used.
   if (canonical != url && canonical != url + "/")
-    return "billguard.api_base must be written as libcurl writes it: " +
+    return "The URL must be written as libcurl writes it: " +
            (canonical.back() == '/' ? canonical.substr(0, canonical.size() - 1) : canonical) + ".";
   if (scheme == "https") return "";
   if (scheme == "http" && IsLoopbackHost(host)) return "";
-  return "billguard.api_base must be an https:// URL, or http:// to a loopback host "
+  return "The URL must be an https:// URL, or http:// to a loopback host "
          "(127.x.y.z, [::1] or localhost): the API key would cross a network in clear text.";
 }
 

@@ -14,11 +14,13 @@ struct ApiKeyResult {
   std::string error;  // why, without the key's contents
 };
 
+// The shape of a Stripe key: rk_, sk_ (or a proxy vault key, vk_) and
+// letters, digits and '_', 8 to 255 characters.
+bool IsStripeKey(const std::string& key);
+
 // Accepts a restricted key (rk_...), a secret key (sk_...) or a proxy vault
-// key (vk_...), surrounded by optional whitespace, from a regular file that
-// the server's user owns and no one else may read or write (mode 0600 or
-// 0400), as libpq requires of ~/.pgpass. A symbolic link is followed and the
-// file it leads to is checked, as secret stores deliver keys through links.
+// key (vk_...), surrounded by optional whitespace, from a secret file (see
+// secret_file.hpp: owned by the server's user, mode 0600 or 0400).
 ApiKeyResult LoadApiKey(const std::string& path);
 
 }  // namespace billguard

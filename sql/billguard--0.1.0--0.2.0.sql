@@ -647,3 +647,597 @@ SELECT d.pid IS NOT NULL AS worker_running,
 DROP FUNCTION billguard.dispatcher_state_0_1_0();
 COMMENT ON VIEW billguard.dispatch_status IS
   'The dispatcher of this database: running or not and why, paused and why, requests in flight, the queue, recent outcomes.';
+
+-- ==== The spend-cap ledger (issue 8) ====
+
+-- The spend-cap ledger of billguard-proxy (worker/): budgets, vault keys,
+-- reservations and the audit trail. Each decision of the proxy is one call
+-- of a function below (81_vault_keys.sql, 82_vault_decisions.sql), so it is
+-- atomic and survives a proxy crash. A period's cap belongs to its budget,
+-- never to a key: a key issued again for the period (after a crash lost the
+-- first answer) joins the budget, and so can never double the cap.
+
+-- Secrets and public ids of vault keys (extension/random_text.cpp).
+CREATE FUNCTION billguard.random_base62(length integer) RETURNS text
+  LANGUAGE c VOLATILE STRICT
+  SET search_path = pg_catalog, pg_temp
+  AS 'MODULE_PATHNAME', 'billguard_random_base62';
+
+-- A USD amount in cents, exactly (numeric, never floating point); 22023
+-- unless it is positive whole cents within 10^15 cents, which keeps every
+-- sum of a budget within bigint.
+CREATE FUNCTION billguard.usd_to_cents(usd numeric) RETURNS bigint
+  LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+BEGIN
+  IF usd IS NULL OR usd <= 0 OR usd * 100 <> trunc(usd * 100) OR usd * 100 > 1e15 THEN
+    RAISE EXCEPTION 'period_usd_cap must be a positive amount of whole cents up to 10000000000000, got %',
+                    coalesce(usd::text, 'NULL')
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  RETURN (usd * 100)::bigint;
+END $$;
+
+-- What a vault key may call: 1..20 Stripe API paths such as
+-- /v1/payment_intents (a key for it also reaches /v1/payment_intents/<id>
+-- and /v1/payment_intents/search).
+CREATE FUNCTION billguard.are_vault_endpoints(endpoints text[]) RETURNS boolean
+  LANGUAGE sql IMMUTABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  RETURN coalesce(cardinality(endpoints) BETWEEN 1 AND 20
+                  AND array_position(endpoints, NULL) IS NULL
+                  AND array_to_string(endpoints, ' ') ~ '^(/v1(/[a-z_]+)+)( /v1(/[a-z_]+)+)*$', false);
+
+CREATE TABLE billguard.vault_budgets (
+  vendor         text NOT NULL,
+  billing_period text NOT NULL,
+  currency       text NOT NULL REFERENCES billguard.currencies (code),
+  cap_cents      bigint NOT NULL,
+  -- Kept under the budget's row lock by every decision: the sum of the
+  -- settled and of the reserved reservations.
+  settled_cents  bigint NOT NULL DEFAULT 0,
+  reserved_cents bigint NOT NULL DEFAULT 0,
+  created_at     timestamptz NOT NULL DEFAULT now(),
+  updated_at     timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (vendor, billing_period, currency),
+  CONSTRAINT vault_budgets_vendor_valid CHECK (vendor ~ '^[a-z][a-z0-9_]{0,39}$'),
+  CONSTRAINT vault_budgets_period_valid CHECK (billguard.is_billing_period(billing_period)),
+  CONSTRAINT vault_budgets_cap_valid CHECK (cap_cents > 0 AND cap_cents <= 1000000000000000),
+  CONSTRAINT vault_budgets_sums_valid CHECK (settled_cents >= 0 AND reserved_cents >= 0)
+);
+COMMENT ON TABLE billguard.vault_budgets IS
+  'One spend cap per (vendor, billing_period, currency), shared by every vault key of the period.';
+
+CREATE TABLE billguard.vault_keys (
+  key_id            text PRIMARY KEY,
+  -- SHA-256 of the secret; the secret itself is returned once and never stored.
+  secret_sha256     bytea NOT NULL UNIQUE,
+  vendor            text NOT NULL,
+  billing_period    text NOT NULL,
+  currency          text NOT NULL,
+  allowed_endpoints text[] NOT NULL,
+  livemode          boolean NOT NULL,
+  expires_at        timestamptz NOT NULL,
+  revoked_at        timestamptz,
+  created_at        timestamptz NOT NULL DEFAULT now(),
+  FOREIGN KEY (vendor, billing_period, currency) REFERENCES billguard.vault_budgets,
+  CONSTRAINT vault_keys_key_id_valid CHECK (key_id ~ '^vkey_[A-Za-z0-9]{16}$'),
+  CONSTRAINT vault_keys_secret_is_sha256 CHECK (octet_length(secret_sha256) = 32),
+  CONSTRAINT vault_keys_endpoints_valid CHECK (billguard.are_vault_endpoints(allowed_endpoints))
+);
+COMMENT ON TABLE billguard.vault_keys IS
+  'Vault keys: a public key_id, the hash of the secret, the budget it spends, its scope and life.';
+
+-- One reservation per (budget, Idempotency-Key): every request carrying the
+-- key, through any key of the budget, shares it, so a retry is counted once.
+-- reserved: counted against the cap, outcome unknown or in flight;
+-- settled: a success, its answer kept to be replayed for ever;
+-- released: refused by Stripe, no longer counted.
+CREATE TABLE billguard.vault_reservations (
+  vendor              text NOT NULL,
+  billing_period      text NOT NULL,
+  currency            text NOT NULL,
+  idempotency_key     text NOT NULL,
+  -- SHA-256 (hex) of the method, path and parameters: the same key with
+  -- other parameters is Stripe's idempotency_error.
+  request_digest      text NOT NULL,
+  key_id              text NOT NULL REFERENCES billguard.vault_keys,
+  endpoint            text NOT NULL,
+  customer            text,
+  amount_cents        bigint NOT NULL,
+  status              text NOT NULL DEFAULT 'reserved',
+  upstream_status     integer,   -- Stripe's last answer; 0 when none arrived
+  charge_id           text,
+  response_status     integer,
+  response_body       text,
+  response_request_id text,
+  reserved_at         timestamptz NOT NULL DEFAULT now(),
+  settled_at          timestamptz,
+  PRIMARY KEY (vendor, billing_period, currency, idempotency_key),
+  FOREIGN KEY (vendor, billing_period, currency) REFERENCES billguard.vault_budgets,
+  CONSTRAINT vault_reservations_status_valid CHECK (status IN ('reserved', 'settled', 'released')),
+  CONSTRAINT vault_reservations_amount_positive CHECK (amount_cents > 0),
+  CONSTRAINT vault_reservations_settled_answer CHECK (status <> 'settled' OR response_body IS NOT NULL)
+);
+COMMENT ON TABLE billguard.vault_reservations IS
+  'Amounts reserved against a budget per Idempotency-Key, and the answers of settled successes.';
+
+-- Append-only: one row per decision of the proxy, allowed or refused, in
+-- the order of occurred_at.
+CREATE TABLE billguard.vault_audit (
+  occurred_at     timestamptz NOT NULL DEFAULT clock_timestamp(),
+  key_id          text,
+  vendor          text,
+  billing_period  text,
+  method          text,
+  endpoint        text,
+  customer        text,
+  amount_cents    bigint,
+  currency        text,
+  idempotency_key text,
+  decision        text NOT NULL,
+  http_status     integer,
+  reason          text,
+  CONSTRAINT vault_audit_decision_valid CHECK (decision IN (
+    'forwarded', 'reserved', 'reused', 'replayed', 'refused',   -- vault_authorize
+    'settled', 'released', 'unknown',                           -- vault_settle
+    'issued', 'revoked', 'cap_raised'))                         -- keys and caps
+);
+COMMENT ON TABLE billguard.vault_audit IS
+  'Every decision of the spend-cap proxy: time, key, period, request, decision, HTTP status, reason.';
+
+CREATE FUNCTION billguard.refuse_vault_audit_change() RETURNS trigger
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+BEGIN
+  RAISE EXCEPTION 'billguard.vault_audit is append-only: % refused', TG_OP
+    USING ERRCODE = 'insufficient_privilege';
+END $$;
+
+CREATE TRIGGER vault_audit_append_only BEFORE UPDATE OR DELETE OR TRUNCATE ON billguard.vault_audit
+  FOR EACH STATEMENT EXECUTE FUNCTION billguard.refuse_vault_audit_change();
+
+-- Spend against cap per budget.
+CREATE VIEW billguard.vault_spend AS
+  SELECT b.vendor, b.billing_period, b.currency, b.cap_cents, b.settled_cents, b.reserved_cents,
+         b.cap_cents - b.settled_cents - b.reserved_cents AS remaining_cents,
+         (SELECT count(*) FROM billguard.vault_keys k
+           WHERE (k.vendor, k.billing_period, k.currency) = (b.vendor, b.billing_period, b.currency)
+             AND k.revoked_at IS NULL AND k.expires_at > now()) AS usable_keys
+    FROM billguard.vault_budgets b;
+
+-- pg_dump carries the ledger with its rows: a restored database must still
+-- know what each period has spent and which answers it replays.
+SELECT pg_catalog.pg_extension_config_dump('billguard.vault_budgets', '');
+SELECT pg_catalog.pg_extension_config_dump('billguard.vault_keys', '');
+SELECT pg_catalog.pg_extension_config_dump('billguard.vault_reservations', '');
+SELECT pg_catalog.pg_extension_config_dump('billguard.vault_audit', '');
+
+-- Vault keys: issuing one (joining its period's budget), reading its budget,
+-- revoking it, and raising a budget's cap (the proxy's admin only).
+
+-- The work of issue_vault_key(); PL/pgSQL cannot name an input and an
+-- output column alike, as issue_vault_key's public signature does.
+CREATE FUNCTION billguard.vault_issue_key(vendor text, billing_period text, period_usd_cap numeric,
+                                          allowed_endpoints text[], expires_at timestamptz,
+                                          livemode boolean)
+  RETURNS TABLE (secret text, new_key_id text, cap_cents bigint)
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+DECLARE
+  cap     bigint := billguard.usd_to_cents(period_usd_cap);
+  budget  billguard.vault_budgets;
+BEGIN
+  IF vendor IS NULL OR vendor !~ '^[a-z][a-z0-9_]{0,39}$' THEN
+    RAISE EXCEPTION 'vendor must be 1..40 lower-case letters, digits or _ (e.g. stripe), got %',
+                    coalesce(quote_literal(left(vendor, 40)), 'NULL')
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  PERFORM billguard.check_billing_period(billing_period);
+  IF NOT billguard.are_vault_endpoints(allowed_endpoints) THEN
+    RAISE EXCEPTION 'allowed_endpoints must be 1..20 API paths such as /v1/payment_intents, got %',
+                    coalesce(left(allowed_endpoints::text, 200), 'NULL')
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  IF expires_at IS NULL OR expires_at <= now() THEN
+    RAISE EXCEPTION 'expires_at must be in the future, got %', coalesce(expires_at::text, 'NULL')
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  IF livemode IS NULL THEN
+    RAISE EXCEPTION 'livemode must not be NULL' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+
+  INSERT INTO billguard.vault_budgets AS b (vendor, billing_period, currency, cap_cents)
+  VALUES (vendor, billing_period, 'usd', cap)
+  ON CONFLICT DO NOTHING;
+  SELECT * INTO STRICT budget FROM billguard.vault_budgets b
+   WHERE (b.vendor, b.billing_period, b.currency)
+       = (vault_issue_key.vendor, vault_issue_key.billing_period, 'usd')
+     FOR UPDATE;
+  IF budget.cap_cents <> cap THEN
+    RAISE EXCEPTION 'billing_period % of % already has a cap of % USD', billing_period, vendor,
+                    to_char(budget.cap_cents / 100.0, 'FM999999999999990.00')
+      USING ERRCODE = 'unique_violation',
+            DETAIL = 'A second key of a period joins its budget and never changes its cap.',
+            HINT = 'Ask with the same period_usd_cap, or have an admin raise the cap.';
+  END IF;
+
+  secret := CASE WHEN livemode THEN 'vk_live_' ELSE 'vk_test_' END || billguard.random_base62(32);
+  new_key_id := 'vkey_' || billguard.random_base62(16);
+  cap_cents := cap;
+  INSERT INTO billguard.vault_keys (key_id, secret_sha256, vendor, billing_period, currency,
+                                    allowed_endpoints, livemode, expires_at)
+  VALUES (new_key_id, sha256(convert_to(secret, 'UTF8')), vendor, billing_period, 'usd',
+          allowed_endpoints, livemode, expires_at);
+
+  INSERT INTO billguard.vault_audit (key_id, vendor, billing_period, currency, decision, reason)
+  VALUES (new_key_id, vendor, billing_period, 'usd', 'issued',
+          format('cap %s USD, endpoints %s, expires %s',
+                 to_char(cap / 100.0, 'FM999999999999990.00'),
+                 array_to_string(allowed_endpoints, ' '), expires_at));
+
+  -- The scheduler entity records every key issued; the advisory lock
+  -- serialises appends to it, as bill_period's do.
+  PERFORM pg_advisory_xact_lock(billguard.scheduler_lock_class(), 0);
+  PERFORM billguard.append_event('billing-scheduler', billguard.highest_seq_nr('billing-scheduler'),
+                                 'VaultKeyIssued',
+                                 jsonb_build_object('billing_period', billing_period,
+                                                    'key_id', new_key_id,
+                                                    'cap_usd', round(cap / 100.0, 2),
+                                                    'vendor', vendor));
+  RETURN NEXT;
+END $$;
+
+CREATE FUNCTION billguard.issue_vault_key(vendor text, billing_period text, period_usd_cap numeric,
+                                          allowed_endpoints text[], expires_at timestamptz,
+                                          livemode boolean DEFAULT true)
+  RETURNS TABLE (vault_key text, key_id text, cap_usd numeric, vendor text)
+  LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+  BEGIN ATOMIC
+    SELECT k.secret, k.new_key_id, round(k.cap_cents / 100.0, 2), issue_vault_key.vendor
+      FROM billguard.vault_issue_key(issue_vault_key.vendor, issue_vault_key.billing_period,
+                                     issue_vault_key.period_usd_cap, issue_vault_key.allowed_endpoints,
+                                     issue_vault_key.expires_at, issue_vault_key.livemode) k;
+  END;
+COMMENT ON FUNCTION billguard.issue_vault_key(text, text, numeric, text[], timestamptz, boolean) IS
+  'A new vault key (vk_live_/vk_test_ + 32 base62, returned once) spending the period''s budget; 23505 when the budget has another cap.';
+
+-- A key and its budget, for the proxy's admin.
+CREATE FUNCTION billguard.vault_key_status(key_id text)
+  RETURNS TABLE (vendor text, billing_period text, currency text, cap_usd numeric,
+                 cap_cents bigint, settled_cents bigint, reserved_cents bigint,
+                 remaining_cents bigint, allowed_endpoints text[], livemode boolean,
+                 expires_at timestamptz, revoked_at timestamptz, created_at timestamptz)
+  LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  RETURN QUERY
+    SELECT k.vendor, k.billing_period, k.currency, round(b.cap_cents / 100.0, 2), b.cap_cents,
+           b.settled_cents, b.reserved_cents, b.cap_cents - b.settled_cents - b.reserved_cents,
+           k.allowed_endpoints, k.livemode, k.expires_at, k.revoked_at, k.created_at
+      FROM billguard.vault_keys k
+      JOIN billguard.vault_budgets b USING (vendor, billing_period, currency)
+     WHERE k.key_id = vault_key_status.key_id;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'no vault key %', coalesce(quote_literal(left(vault_key_status.key_id, 40)), 'NULL')
+      USING ERRCODE = 'no_data_found';
+  END IF;
+END $$;
+
+-- Revokes a key: its very next request is refused (401). Revoking again
+-- changes nothing and answers the first revocation's time.
+CREATE FUNCTION billguard.revoke_vault_key(key_id text) RETURNS timestamptz
+  LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  k billguard.vault_keys;
+BEGIN
+  UPDATE billguard.vault_keys v SET revoked_at = coalesce(v.revoked_at, now())
+   WHERE v.key_id = revoke_vault_key.key_id
+  RETURNING * INTO k;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'no vault key %', coalesce(quote_literal(left(revoke_vault_key.key_id, 40)), 'NULL')
+      USING ERRCODE = 'no_data_found';
+  END IF;
+  INSERT INTO billguard.vault_audit (key_id, vendor, billing_period, currency, decision, reason)
+  VALUES (k.key_id, k.vendor, k.billing_period, k.currency, 'revoked',
+          format('revoked at %s', k.revoked_at));
+  RETURN k.revoked_at;
+END $$;
+
+-- Raises the cap of the budget a key spends. A cap is never lowered below
+-- what it is (22023): revoke keys instead.
+CREATE FUNCTION billguard.raise_vault_cap(key_id text, period_usd_cap numeric) RETURNS numeric
+  LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  cap    bigint := billguard.usd_to_cents(period_usd_cap);
+  k      billguard.vault_keys;
+  budget billguard.vault_budgets;
+BEGIN
+  SELECT * INTO k FROM billguard.vault_keys v WHERE v.key_id = raise_vault_cap.key_id;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'no vault key %', coalesce(quote_literal(left(raise_vault_cap.key_id, 40)), 'NULL')
+      USING ERRCODE = 'no_data_found';
+  END IF;
+  SELECT * INTO STRICT budget FROM billguard.vault_budgets b
+   WHERE (b.vendor, b.billing_period, b.currency) = (k.vendor, k.billing_period, k.currency)
+     FOR UPDATE;
+  IF cap < budget.cap_cents THEN
+    RAISE EXCEPTION 'a cap is only ever raised: billing_period % has % USD, asked %',
+                    k.billing_period, to_char(budget.cap_cents / 100.0, 'FM999999999999990.00'),
+                    period_usd_cap
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  IF cap > budget.cap_cents THEN
+    UPDATE billguard.vault_budgets b SET cap_cents = cap, updated_at = now()
+     WHERE (b.vendor, b.billing_period, b.currency) = (k.vendor, k.billing_period, k.currency);
+    INSERT INTO billguard.vault_audit (key_id, vendor, billing_period, currency, decision, reason)
+    VALUES (k.key_id, k.vendor, k.billing_period, k.currency, 'cap_raised',
+            format('cap raised from %s to %s USD', to_char(budget.cap_cents / 100.0, 'FM999999999999990.00'),
+                   to_char(cap / 100.0, 'FM999999999999990.00')));
+  END IF;
+  RETURN round(cap / 100.0, 2);
+END $$;
+
+-- The proxy's two decisions per forwarded request: vault_authorize before
+-- it forwards (may this key make this call, and does the budget have room),
+-- vault_settle after Stripe answered. Both take the budget's row lock, so
+-- every decision of one budget is serialised: no concurrency overspends a
+-- cap, and a retry is counted once. Each writes one vault_audit row.
+
+-- Refusal bodies as Stripe shapes its errors, so every Stripe client
+-- surfaces them as Stripe errors.
+CREATE FUNCTION billguard.stripe_error_body(error_type text, code text, message text) RETURNS text
+  LANGUAGE sql IMMUTABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  RETURN jsonb_build_object('error', jsonb_strip_nulls(jsonb_build_object(
+           'type', error_type, 'code', code, 'message', message)))::text;
+
+-- secret_sha256: SHA-256 of the vault key the caller presented (the proxy
+-- never passes the secret). request_digest: SHA-256 (hex) of the method,
+-- path and parameters. amount_cents NULL: a request that moves no money
+-- (reads, search), allowed by scope alone and never counted.
+-- Answers decision: forwarded (not counted), reserved (counted now), reused
+-- (the key's reservation, counted once already), replayed (a settled
+-- success: answer with http_status and body, and forward nothing) or refused
+-- (answer with http_status and body). key_id names the key for vault_settle.
+CREATE FUNCTION billguard.vault_authorize(secret_sha256 bytea, method text, endpoint text,
+                                          idempotency_key text, request_digest text,
+                                          amount_cents bigint, currency text, customer text)
+  RETURNS TABLE (decision text, http_status integer, body text, key_id text, request_id text)
+  LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  amount    bigint := vault_authorize.amount_cents;
+  idem      text := vault_authorize.idempotency_key;
+  k         billguard.vault_keys;
+  budget    billguard.vault_budgets;
+  held      billguard.vault_reservations;
+  known_key boolean;   -- a reservation exists for the Idempotency-Key
+  verdict   text;
+  status    integer;
+  error_type text := 'invalid_request_error';
+  code      text;
+  reason    text;
+  answer    text;
+  replay_request_id text;
+BEGIN
+  IF octet_length(vault_authorize.secret_sha256) IS DISTINCT FROM 32 THEN
+    RAISE EXCEPTION 'secret_sha256 must be 32 bytes' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  IF vault_authorize.method IS NULL OR vault_authorize.method !~ '^[A-Z]{1,16}$' THEN
+    RAISE EXCEPTION 'method must be an HTTP method in upper case' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  IF vault_authorize.endpoint IS NULL OR vault_authorize.endpoint !~ '^/v1(/[A-Za-z0-9_]+)+$' THEN
+    RAISE EXCEPTION 'endpoint must be an API path such as /v1/payment_intents, got %',
+                    coalesce(quote_literal(left(vault_authorize.endpoint, 80)), 'NULL')
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  IF vault_authorize.request_digest IS NULL OR vault_authorize.request_digest !~ '^[0-9a-f]{64}$' THEN
+    RAISE EXCEPTION 'request_digest must be 64 lower-case hex characters' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  IF octet_length(idem) NOT BETWEEN 1 AND 255 THEN
+    RAISE EXCEPTION 'idempotency_key must be 1..255 bytes' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  IF amount NOT BETWEEN 1 AND 99999999 THEN
+    RAISE EXCEPTION 'amount must be a positive integer of at most 99999999, got %', amount
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  IF octet_length(vault_authorize.customer) > 255 OR octet_length(vault_authorize.currency) > 16 THEN
+    RAISE EXCEPTION 'customer or currency too long' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+
+  <<decide>>
+  BEGIN
+    SELECT * INTO k FROM billguard.vault_keys v WHERE v.secret_sha256 = vault_authorize.secret_sha256;
+    IF NOT FOUND THEN
+      status := 401; code := 'vault_key_unknown'; reason := 'unknown vault key';
+      EXIT decide;
+    ELSIF k.revoked_at IS NOT NULL THEN
+      status := 401; code := 'vault_key_revoked'; reason := format('vault key %s was revoked', k.key_id);
+      EXIT decide;
+    ELSIF k.expires_at <= now() THEN
+      status := 401; code := 'vault_key_expired'; reason := format('vault key %s expired', k.key_id);
+      EXIT decide;
+    END IF;
+    IF vault_authorize.method NOT IN ('GET', 'POST')
+       OR NOT EXISTS (SELECT FROM unnest(k.allowed_endpoints) e
+                       WHERE vault_authorize.endpoint = e OR starts_with(vault_authorize.endpoint, e || '/')) THEN
+      status := 403; code := 'endpoint_not_allowed';
+      reason := format('vault key %s may call GET and POST on %s only, not %s %s', k.key_id,
+                       array_to_string(k.allowed_endpoints, ', '), vault_authorize.method,
+                       vault_authorize.endpoint);
+      EXIT decide;
+    END IF;
+    IF amount IS NULL THEN
+      verdict := 'forwarded';
+      EXIT decide;
+    END IF;
+    IF vault_authorize.currency IS NULL THEN
+      status := 400; code := 'parameter_missing'; reason := 'Missing required param: currency.';
+      EXIT decide;
+    ELSIF lower(vault_authorize.currency) <> k.currency THEN
+      status := 403; code := 'currency_not_allowed';
+      reason := format('the budget of vault key %s is in %s, not %s', k.key_id, k.currency,
+                       lower(vault_authorize.currency));
+      EXIT decide;
+    END IF;
+    IF idem IS NULL THEN
+      -- Without a key a retry is a second charge, which the cap exists to stop.
+      status := 400; code := 'idempotency_key_required';
+      reason := 'a request with an amount needs an Idempotency-Key';
+      EXIT decide;
+    END IF;
+
+    -- The one row lock of the decision.
+    SELECT * INTO STRICT budget FROM billguard.vault_budgets b
+     WHERE (b.vendor, b.billing_period, b.currency) = (k.vendor, k.billing_period, k.currency)
+       FOR UPDATE;
+    SELECT * INTO held FROM billguard.vault_reservations r
+     WHERE (r.vendor, r.billing_period, r.currency, r.idempotency_key)
+         = (k.vendor, k.billing_period, k.currency, idem);
+    known_key := FOUND;
+    IF known_key AND held.request_digest <> vault_authorize.request_digest THEN
+      status := 400; error_type := 'idempotency_error'; code := NULL;
+      reason := format('Keys for idempotent requests can only be used with the same parameters they '
+                       'were first used with. Try using a key other than ''%s'' if you meant to '
+                       'execute a different request.', idem);
+      EXIT decide;
+    ELSIF known_key AND held.status = 'settled' THEN
+      verdict := 'replayed'; status := held.response_status; answer := held.response_body;
+      replay_request_id := held.response_request_id;
+      reason := format('settled as %s at %s', held.charge_id, held.settled_at);
+      EXIT decide;
+    ELSIF known_key AND held.status = 'reserved' THEN
+      verdict := 'reused';
+      EXIT decide;
+    END IF;
+    IF budget.settled_cents + budget.reserved_cents + amount > budget.cap_cents THEN
+      status := 429; code := 'spend_cap_exceeded';
+      reason := format('spend cap exceeded for billing_period %s', k.billing_period);
+      EXIT decide;
+    END IF;
+    IF known_key THEN   -- released earlier: counted again while it is retried
+      UPDATE billguard.vault_reservations r SET status = 'reserved', key_id = k.key_id
+       WHERE (r.vendor, r.billing_period, r.currency, r.idempotency_key)
+           = (k.vendor, k.billing_period, k.currency, idem);
+    ELSE
+      INSERT INTO billguard.vault_reservations
+             (vendor, billing_period, currency, idempotency_key, request_digest, key_id, endpoint,
+              customer, amount_cents)
+      VALUES (k.vendor, k.billing_period, k.currency, idem, vault_authorize.request_digest, k.key_id,
+              vault_authorize.endpoint, vault_authorize.customer, amount);
+    END IF;
+    UPDATE billguard.vault_budgets b SET reserved_cents = b.reserved_cents + amount, updated_at = now()
+     WHERE (b.vendor, b.billing_period, b.currency) = (k.vendor, k.billing_period, k.currency);
+    verdict := 'reserved';
+  END;
+
+  IF verdict IS NULL THEN
+    verdict := 'refused';
+    answer := billguard.stripe_error_body(error_type, code, reason);
+  END IF;
+  INSERT INTO billguard.vault_audit (key_id, vendor, billing_period, method, endpoint, customer,
+                                     amount_cents, currency, idempotency_key, decision, http_status,
+                                     reason)
+  VALUES (k.key_id, k.vendor, k.billing_period, vault_authorize.method, vault_authorize.endpoint,
+          vault_authorize.customer, amount, lower(vault_authorize.currency), idem, verdict, status,
+          reason);
+  RETURN QUERY SELECT verdict, status, answer, k.key_id, replay_request_id;
+END $$;
+COMMENT ON FUNCTION billguard.vault_authorize(bytea, text, text, text, text, bigint, text, text) IS
+  'Decides a request of the spend-cap proxy and reserves its amount; audited.';
+
+-- Stripe's answer to a request vault_authorize reserved or reused.
+-- 2xx: settled, its answer kept for replays. 402, or 400/404 of type
+-- invalid_request_error: Stripe refused it, released. Anything else (500,
+-- 409, 429, timeouts and dropped connections as upstream_status 0): the
+-- outcome is unknown, and the amount stays reserved until a later request
+-- with the same Idempotency-Key settles it. Answers settled, released or unknown.
+CREATE FUNCTION billguard.vault_settle(key_id text, idempotency_key text, upstream_status integer,
+                                       error_type text, charge_id text, response_body text,
+                                       request_id text)
+  RETURNS text
+  LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  k       billguard.vault_keys;
+  held    billguard.vault_reservations;
+  outcome text;
+BEGIN
+  IF upstream_status IS NULL OR upstream_status NOT BETWEEN 0 AND 599 THEN
+    RAISE EXCEPTION 'upstream_status must be 0 (no answer) or an HTTP status'
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  SELECT * INTO k FROM billguard.vault_keys v WHERE v.key_id = vault_settle.key_id;
+  PERFORM FROM billguard.vault_budgets b
+    WHERE (b.vendor, b.billing_period, b.currency) = (k.vendor, k.billing_period, k.currency)
+      FOR UPDATE;
+  SELECT * INTO held FROM billguard.vault_reservations r
+   WHERE (r.vendor, r.billing_period, r.currency, r.idempotency_key)
+       = (k.vendor, k.billing_period, k.currency, vault_settle.idempotency_key);
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'no reservation of vault key % for Idempotency-Key %',
+                    coalesce(quote_literal(left(vault_settle.key_id, 40)), 'NULL'),
+                    coalesce(quote_literal(left(vault_settle.idempotency_key, 255)), 'NULL')
+      USING ERRCODE = 'no_data_found';
+  END IF;
+
+  outcome := CASE
+    WHEN upstream_status BETWEEN 200 AND 299 THEN 'settled'
+    WHEN upstream_status = 402 OR (upstream_status IN (400, 404)
+                                   AND vault_settle.error_type = 'invalid_request_error') THEN 'released'
+    ELSE 'unknown'
+  END;
+  IF outcome = 'settled' AND held.status <> 'settled' THEN
+    -- A success after a release (Stripe answering a key it refused before)
+    -- is still money spent: it is counted, whatever the cap says.
+    UPDATE billguard.vault_budgets b
+       SET settled_cents = b.settled_cents + held.amount_cents,
+           reserved_cents = b.reserved_cents
+                            - CASE held.status WHEN 'reserved' THEN held.amount_cents ELSE 0 END,
+           updated_at = now()
+     WHERE (b.vendor, b.billing_period, b.currency) = (k.vendor, k.billing_period, k.currency);
+    UPDATE billguard.vault_reservations r
+       SET status = 'settled', upstream_status = vault_settle.upstream_status,
+           charge_id = vault_settle.charge_id, response_status = vault_settle.upstream_status,
+           response_body = coalesce(vault_settle.response_body, ''),
+           response_request_id = vault_settle.request_id, settled_at = now()
+     WHERE (r.vendor, r.billing_period, r.currency, r.idempotency_key)
+         = (k.vendor, k.billing_period, k.currency, vault_settle.idempotency_key);
+  ELSIF outcome = 'released' AND held.status = 'reserved' THEN
+    UPDATE billguard.vault_budgets b
+       SET reserved_cents = b.reserved_cents - held.amount_cents, updated_at = now()
+     WHERE (b.vendor, b.billing_period, b.currency) = (k.vendor, k.billing_period, k.currency);
+    UPDATE billguard.vault_reservations r
+       SET status = 'released', upstream_status = vault_settle.upstream_status
+     WHERE (r.vendor, r.billing_period, r.currency, r.idempotency_key)
+         = (k.vendor, k.billing_period, k.currency, vault_settle.idempotency_key);
+  ELSIF held.status <> 'settled' THEN
+    UPDATE billguard.vault_reservations r SET upstream_status = vault_settle.upstream_status
+     WHERE (r.vendor, r.billing_period, r.currency, r.idempotency_key)
+         = (k.vendor, k.billing_period, k.currency, vault_settle.idempotency_key);
+  END IF;
+
+  INSERT INTO billguard.vault_audit (key_id, vendor, billing_period, method, endpoint, customer,
+                                     amount_cents, currency, idempotency_key, decision, http_status,
+                                     reason)
+  VALUES (vault_settle.key_id, k.vendor, k.billing_period, 'POST', held.endpoint, held.customer,
+          held.amount_cents, k.currency, vault_settle.idempotency_key, outcome, upstream_status,
+          CASE WHEN outcome = 'settled' THEN coalesce(vault_settle.charge_id, held.charge_id)
+               WHEN upstream_status = 0 THEN 'no answer from upstream'
+               ELSE vault_settle.error_type END);
+  RETURN outcome;
+END $$;
+COMMENT ON FUNCTION billguard.vault_settle(text, text, integer, text, text, text, text) IS
+  'Records Stripe''s answer to a reserved request: settled, released or unknown (still reserved); audited.';
+
+REVOKE ALL ON FUNCTION billguard.random_base62(integer), billguard.usd_to_cents(numeric),
+  billguard.are_vault_endpoints(text[]), billguard.refuse_vault_audit_change(),
+  billguard.vault_issue_key(text, text, numeric, text[], timestamptz, boolean),
+  billguard.issue_vault_key(text, text, numeric, text[], timestamptz, boolean),
+  billguard.vault_key_status(text), billguard.revoke_vault_key(text),
+  billguard.raise_vault_cap(text, numeric), billguard.stripe_error_body(text, text, text),
+  billguard.vault_authorize(bytea, text, text, text, text, bigint, text, text),
+  billguard.vault_settle(text, text, integer, text, text, text, text) FROM PUBLIC;
+REVOKE ALL ON TABLE billguard.vault_budgets, billguard.vault_keys, billguard.vault_reservations,
+  billguard.vault_audit, billguard.vault_spend FROM PUBLIC;

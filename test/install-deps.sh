@@ -5,9 +5,12 @@ set -euo pipefail
 packages=(
   postgresql-15 postgresql-server-dev-15 postgresql-15-pgtap
   libtap-parser-sourcehandler-pgtap-perl libipc-run-perl
-  libssl-dev libcurl4-openssl-dev libpqxx-dev
+  libssl-dev libcurl4-openssl-dev libpqxx-dev libcpp-httplib-dev nlohmann-json3-dev
   g++ make clang-14 llvm-14 clang-format curl
+  prometheus wrk
 )
+# The proxy's real-client test runs the official stripe package on Node.js.
+command -v npm >/dev/null || packages+=(nodejs npm)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

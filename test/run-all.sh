@@ -33,6 +33,9 @@ psql -X -q -h "$work/pgtap" -p "$port" -U postgres -d billguard_test \
 pg_prove -h "$work/pgtap" -p "$port" -U postgres -d billguard_test test/pgtap/*.sql || failed=1
 test/cluster.sh stop "$work/pgtap"
 
+echo "== the official Stripe client for the proxy's scenarios (npm ci)"
+(cd test/stripe-client && npm ci --no-audit --no-fund --silent && chmod -R a+rX .) || failed=1
+
 echo "== TAP scenarios (races, restarts, crashes)"
 # PostgreSQL's own harness refuses to run as root: run as postgres in a
 # directory it owns.
@@ -41,13 +44,16 @@ mkdir -p "$tap" && chown -R postgres: "$tap" 2>/dev/null || true
 pgxs_perl="$(dirname "$(pg_config --pgxs)")/../../src/test/perl"
 # Ports are reserved in /tmp, so runs side by side on one machine never pick
 # the same one.
+# The proxy's concurrency scenario holds a thousand connections at once.
 run_tap() {
   if [ "$(id -u)" = 0 ]; then
-    runuser -u postgres -- env PATH="$PATH" TESTDIR="$tap" PG_REGRESS=/bin/true PG_TEST_PORT_DIR=/tmp \
+    runuser -u postgres -- bash -c 'ulimit -n 8192; exec "$@"' run_tap \
+      env PATH="$PATH" TESTDIR="$tap" PG_REGRESS=/bin/true PG_TEST_PORT_DIR=/tmp \
       BILLGUARD_ROOT="$root" prove -I "$pgxs_perl" -I "$root/test/lib" "$@"
   else
-    env TESTDIR="$tap" PG_REGRESS=/bin/true PG_TEST_PORT_DIR=/tmp BILLGUARD_ROOT="$root" \
-      prove -I "$pgxs_perl" -I "$root/test/lib" "$@"
+    (ulimit -n 8192 2>/dev/null || true
+     env TESTDIR="$tap" PG_REGRESS=/bin/true PG_TEST_PORT_DIR=/tmp BILLGUARD_ROOT="$root" \
+       prove -I "$pgxs_perl" -I "$root/test/lib" "$@")
   fi
 }
 run_tap ${TAP_TESTS:-test/t/*.pl} || failed=1

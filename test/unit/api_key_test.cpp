@@ -77,7 +77,7 @@ int main() {
   if (geteuid() == 0) {
     const std::string foreign = WriteFile(kKey, 0600);
     if (chown(foreign.c_str(), 65534, 65534) != 0) std::perror("chown");
-    Refused(foreign, "owned by uid 65534, not by the server's user", "another owner: refused");
+    Refused(foreign, "owned by uid 65534, not by this process's user", "another owner: refused");
   } else {
     tap::Ok(true, "another owner: refused # skip chown needs root");
   }
@@ -87,9 +87,9 @@ int main() {
   tap::Ok(billguard::LoadApiKey(WriteFile("password=hunter2\n", 0600)).error.find("hunter2") ==
               std::string::npos,
           "... without echoing its content");
-  Refused(WriteFile(std::string(5000, 'a'), 0600), "does not hold a Stripe key",
+  Refused(WriteFile(std::string(5000, 'a'), 0600), "larger than 4 KiB",
           "a large file: refused");
-  Refused("/nonexistent/key", "cannot open billguard.api_key_file: No such file",
+  Refused("/nonexistent/key", "cannot read billguard.api_key_file: No such file",
           "a missing file: reported");
   tap::Ok(!billguard::LoadApiKey("").error.empty(), "an unset path: reported");
   for (const std::string& path : created) unlink(path.c_str());

@@ -1,0 +1,164 @@
+-- The spend-cap ledger of billguard-proxy (worker/): budgets, vault keys,
+-- reservations and the audit trail. Each decision of the proxy is one call
+-- of a function below (81_vault_keys.sql, 82_vault_decisions.sql), so it is
+-- atomic and survives a proxy crash. A period's cap belongs to its budget,
+-- never to a key: a key issued again for the period (after a crash lost the
+-- first answer) joins the budget, and so can never double the cap.
+
+-- Secrets and public ids of vault keys (extension/random_text.cpp).
+CREATE FUNCTION billguard.random_base62(length integer) RETURNS text
+  LANGUAGE c VOLATILE STRICT
+  SET search_path = pg_catalog, pg_temp
+  AS 'MODULE_PATHNAME', 'billguard_random_base62';
+
+-- A USD amount in cents, exactly (numeric, never floating point); 22023
+-- unless it is positive whole cents within 10^15 cents, which keeps every
+-- sum of a budget within bigint.
+CREATE FUNCTION billguard.usd_to_cents(usd numeric) RETURNS bigint
+  LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+BEGIN
+  IF usd IS NULL OR usd <= 0 OR usd * 100 <> trunc(usd * 100) OR usd * 100 > 1e15 THEN
+    RAISE EXCEPTION 'period_usd_cap must be a positive amount of whole cents up to 10000000000000, got %',
+                    coalesce(usd::text, 'NULL')
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  RETURN (usd * 100)::bigint;
+END $$;
+
+-- What a vault key may call: 1..20 Stripe API paths such as
+-- /v1/payment_intents (a key for it also reaches /v1/payment_intents/<id>
+-- and /v1/payment_intents/search).
+CREATE FUNCTION billguard.are_vault_endpoints(endpoints text[]) RETURNS boolean
+  LANGUAGE sql IMMUTABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  RETURN coalesce(cardinality(endpoints) BETWEEN 1 AND 20
+                  AND array_position(endpoints, NULL) IS NULL
+                  AND array_to_string(endpoints, ' ') ~ '^(/v1(/[a-z_]+)+)( /v1(/[a-z_]+)+)*$', false);
+
+CREATE TABLE billguard.vault_budgets (
+  vendor         text NOT NULL,
+  billing_period text NOT NULL,
+  currency       text NOT NULL REFERENCES billguard.currencies (code),
+  cap_cents      bigint NOT NULL,
+  -- Kept under the budget's row lock by every decision: the sum of the
+  -- settled and of the reserved reservations.
+  settled_cents  bigint NOT NULL DEFAULT 0,
+  reserved_cents bigint NOT NULL DEFAULT 0,
+  created_at     timestamptz NOT NULL DEFAULT now(),
+  updated_at     timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (vendor, billing_period, currency),
+  CONSTRAINT vault_budgets_vendor_valid CHECK (vendor ~ '^[a-z][a-z0-9_]{0,39}$'),
+  CONSTRAINT vault_budgets_period_valid CHECK (billguard.is_billing_period(billing_period)),
+  CONSTRAINT vault_budgets_cap_valid CHECK (cap_cents > 0 AND cap_cents <= 1000000000000000),
+  CONSTRAINT vault_budgets_sums_valid CHECK (settled_cents >= 0 AND reserved_cents >= 0)
+);
+COMMENT ON TABLE billguard.vault_budgets IS
+  'One spend cap per (vendor, billing_period, currency), shared by every vault key of the period.';
+
+CREATE TABLE billguard.vault_keys (
+  key_id            text PRIMARY KEY,
+  -- SHA-256 of the secret; the secret itself is returned once and never stored.
+  secret_sha256     bytea NOT NULL UNIQUE,
+  vendor            text NOT NULL,
+  billing_period    text NOT NULL,
+  currency          text NOT NULL,
+  allowed_endpoints text[] NOT NULL,
+  livemode          boolean NOT NULL,
+  expires_at        timestamptz NOT NULL,
+  revoked_at        timestamptz,
+  created_at        timestamptz NOT NULL DEFAULT now(),
+  FOREIGN KEY (vendor, billing_period, currency) REFERENCES billguard.vault_budgets,
+  CONSTRAINT vault_keys_key_id_valid CHECK (key_id ~ '^vkey_[A-Za-z0-9]{16}$'),
+  CONSTRAINT vault_keys_secret_is_sha256 CHECK (octet_length(secret_sha256) = 32),
+  CONSTRAINT vault_keys_endpoints_valid CHECK (billguard.are_vault_endpoints(allowed_endpoints))
+);
+COMMENT ON TABLE billguard.vault_keys IS
+  'Vault keys: a public key_id, the hash of the secret, the budget it spends, its scope and life.';
+
+-- One reservation per (budget, Idempotency-Key): every request carrying the
+-- key, through any key of the budget, shares it, so a retry is counted once.
+-- reserved: counted against the cap, outcome unknown or in flight;
+-- settled: a success, its answer kept to be replayed for ever;
+-- released: refused by Stripe, no longer counted.
+CREATE TABLE billguard.vault_reservations (
+  vendor              text NOT NULL,
+  billing_period      text NOT NULL,
+  currency            text NOT NULL,
+  idempotency_key     text NOT NULL,
+  -- SHA-256 (hex) of the method, path and parameters: the same key with
+  -- other parameters is Stripe's idempotency_error.
+  request_digest      text NOT NULL,
+  key_id              text NOT NULL REFERENCES billguard.vault_keys,
+  endpoint            text NOT NULL,
+  customer            text,
+  amount_cents        bigint NOT NULL,
+  status              text NOT NULL DEFAULT 'reserved',
+  upstream_status     integer,   -- Stripe's last answer; 0 when none arrived
+  charge_id           text,
+  response_status     integer,
+  response_body       text,
+  response_request_id text,
+  reserved_at         timestamptz NOT NULL DEFAULT now(),
+  settled_at          timestamptz,
+  PRIMARY KEY (vendor, billing_period, currency, idempotency_key),
+  FOREIGN KEY (vendor, billing_period, currency) REFERENCES billguard.vault_budgets,
+  CONSTRAINT vault_reservations_status_valid CHECK (status IN ('reserved', 'settled', 'released')),
+  CONSTRAINT vault_reservations_amount_positive CHECK (amount_cents > 0),
+  CONSTRAINT vault_reservations_settled_answer CHECK (status <> 'settled' OR response_body IS NOT NULL)
+);
+COMMENT ON TABLE billguard.vault_reservations IS
+  'Amounts reserved against a budget per Idempotency-Key, and the answers of settled successes.';
+
+-- Append-only: one row per decision of the proxy, allowed or refused, in
+-- the order of occurred_at.
+CREATE TABLE billguard.vault_audit (
+  occurred_at     timestamptz NOT NULL DEFAULT clock_timestamp(),
+  key_id          text,
+  vendor          text,
+  billing_period  text,
+  method          text,
+  endpoint        text,
+  customer        text,
+  amount_cents    bigint,
+  currency        text,
+  idempotency_key text,
+  decision        text NOT NULL,
+  http_status     integer,
+  reason          text,
+  CONSTRAINT vault_audit_decision_valid CHECK (decision IN (
+    'forwarded', 'reserved', 'reused', 'replayed', 'refused',   -- vault_authorize
+    'settled', 'released', 'unknown',                           -- vault_settle
+    'issued', 'revoked', 'cap_raised'))                         -- keys and caps
+);
+COMMENT ON TABLE billguard.vault_audit IS
+  'Every decision of the spend-cap proxy: time, key, period, request, decision, HTTP status, reason.';
+
+CREATE FUNCTION billguard.refuse_vault_audit_change() RETURNS trigger
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+BEGIN
+  RAISE EXCEPTION 'billguard.vault_audit is append-only: % refused', TG_OP
+    USING ERRCODE = 'insufficient_privilege';
+END $$;
+
+CREATE TRIGGER vault_audit_append_only BEFORE UPDATE OR DELETE OR TRUNCATE ON billguard.vault_audit
+  FOR EACH STATEMENT EXECUTE FUNCTION billguard.refuse_vault_audit_change();
+
+-- Spend against cap per budget.
+CREATE VIEW billguard.vault_spend AS
+  SELECT b.vendor, b.billing_period, b.currency, b.cap_cents, b.settled_cents, b.reserved_cents,
+         b.cap_cents - b.settled_cents - b.reserved_cents AS remaining_cents,
+         (SELECT count(*) FROM billguard.vault_keys k
+           WHERE (k.vendor, k.billing_period, k.currency) = (b.vendor, b.billing_period, b.currency)
+             AND k.revoked_at IS NULL AND k.expires_at > now()) AS usable_keys
+    FROM billguard.vault_budgets b;
+
+-- pg_dump carries the ledger with its rows: a restored database must still
+-- know what each period has spent and which answers it replays.
+SELECT pg_catalog.pg_extension_config_dump('billguard.vault_budgets', '');
+SELECT pg_catalog.pg_extension_config_dump('billguard.vault_keys', '');
+SELECT pg_catalog.pg_extension_config_dump('billguard.vault_reservations', '');
+SELECT pg_catalog.pg_extension_config_dump('billguard.vault_audit', '');

@@ -1,0 +1,164 @@
+-- Vault keys: issuing one (joining its period's budget), reading its budget,
+-- revoking it, and raising a budget's cap (the proxy's admin only).
+
+-- The work of issue_vault_key(); PL/pgSQL cannot name an input and an
+-- output column alike, as issue_vault_key's public signature does.
+CREATE FUNCTION billguard.vault_issue_key(vendor text, billing_period text, period_usd_cap numeric,
+                                          allowed_endpoints text[], expires_at timestamptz,
+                                          livemode boolean)
+  RETURNS TABLE (secret text, new_key_id text, cap_cents bigint)
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+DECLARE
+  cap     bigint := billguard.usd_to_cents(period_usd_cap);
+  budget  billguard.vault_budgets;
+BEGIN
+  IF vendor IS NULL OR vendor !~ '^[a-z][a-z0-9_]{0,39}$' THEN
+    RAISE EXCEPTION 'vendor must be 1..40 lower-case letters, digits or _ (e.g. stripe), got %',
+                    coalesce(quote_literal(left(vendor, 40)), 'NULL')
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  PERFORM billguard.check_billing_period(billing_period);
+  IF NOT billguard.are_vault_endpoints(allowed_endpoints) THEN
+    RAISE EXCEPTION 'allowed_endpoints must be 1..20 API paths such as /v1/payment_intents, got %',
+                    coalesce(left(allowed_endpoints::text, 200), 'NULL')
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  IF expires_at IS NULL OR expires_at <= now() THEN
+    RAISE EXCEPTION 'expires_at must be in the future, got %', coalesce(expires_at::text, 'NULL')
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  IF livemode IS NULL THEN
+    RAISE EXCEPTION 'livemode must not be NULL' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+
+  INSERT INTO billguard.vault_budgets AS b (vendor, billing_period, currency, cap_cents)
+  VALUES (vendor, billing_period, 'usd', cap)
+  ON CONFLICT DO NOTHING;
+  SELECT * INTO STRICT budget FROM billguard.vault_budgets b
+   WHERE (b.vendor, b.billing_period, b.currency)
+       = (vault_issue_key.vendor, vault_issue_key.billing_period, 'usd')
+     FOR UPDATE;
+  IF budget.cap_cents <> cap THEN
+    RAISE EXCEPTION 'billing_period % of % already has a cap of % USD', billing_period, vendor,
+                    to_char(budget.cap_cents / 100.0, 'FM999999999999990.00')
+      USING ERRCODE = 'unique_violation',
+            DETAIL = 'A second key of a period joins its budget and never changes its cap.',
+            HINT = 'Ask with the same period_usd_cap, or have an admin raise the cap.';
+  END IF;
+
+  secret := CASE WHEN livemode THEN 'vk_live_' ELSE 'vk_test_' END || billguard.random_base62(32);
+  new_key_id := 'vkey_' || billguard.random_base62(16);
+  cap_cents := cap;
+  INSERT INTO billguard.vault_keys (key_id, secret_sha256, vendor, billing_period, currency,
+                                    allowed_endpoints, livemode, expires_at)
+  VALUES (new_key_id, sha256(convert_to(secret, 'UTF8')), vendor, billing_period, 'usd',
+          allowed_endpoints, livemode, expires_at);
+
+  INSERT INTO billguard.vault_audit (key_id, vendor, billing_period, currency, decision, reason)
+  VALUES (new_key_id, vendor, billing_period, 'usd', 'issued',
+          format('cap %s USD, endpoints %s, expires %s',
+                 to_char(cap / 100.0, 'FM999999999999990.00'),
+                 array_to_string(allowed_endpoints, ' '), expires_at));
+
+  -- The scheduler entity records every key issued; the advisory lock
+  -- serialises appends to it, as bill_period's do.
+  PERFORM pg_advisory_xact_lock(billguard.scheduler_lock_class(), 0);
+  PERFORM billguard.append_event('billing-scheduler', billguard.highest_seq_nr('billing-scheduler'),
+                                 'VaultKeyIssued',
+                                 jsonb_build_object('billing_period', billing_period,
+                                                    'key_id', new_key_id,
+                                                    'cap_usd', round(cap / 100.0, 2),
+                                                    'vendor', vendor));
+  RETURN NEXT;
+END $$;
+
+CREATE FUNCTION billguard.issue_vault_key(vendor text, billing_period text, period_usd_cap numeric,
+                                          allowed_endpoints text[], expires_at timestamptz,
+                                          livemode boolean DEFAULT true)
+  RETURNS TABLE (vault_key text, key_id text, cap_usd numeric, vendor text)
+  LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+  BEGIN ATOMIC
+    SELECT k.secret, k.new_key_id, round(k.cap_cents / 100.0, 2), issue_vault_key.vendor
+      FROM billguard.vault_issue_key(issue_vault_key.vendor, issue_vault_key.billing_period,
+                                     issue_vault_key.period_usd_cap, issue_vault_key.allowed_endpoints,
+                                     issue_vault_key.expires_at, issue_vault_key.livemode) k;
+  END;
+COMMENT ON FUNCTION billguard.issue_vault_key(text, text, numeric, text[], timestamptz, boolean) IS
+  'A new vault key (vk_live_/vk_test_ + 32 base62, returned once) spending the period''s budget; 23505 when the budget has another cap.';
+
+-- A key and its budget, for the proxy's admin.
+CREATE FUNCTION billguard.vault_key_status(key_id text)
+  RETURNS TABLE (vendor text, billing_period text, currency text, cap_usd numeric,
+                 cap_cents bigint, settled_cents bigint, reserved_cents bigint,
+                 remaining_cents bigint, allowed_endpoints text[], livemode boolean,
+                 expires_at timestamptz, revoked_at timestamptz, created_at timestamptz)
+  LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  RETURN QUERY
+    SELECT k.vendor, k.billing_period, k.currency, round(b.cap_cents / 100.0, 2), b.cap_cents,
+           b.settled_cents, b.reserved_cents, b.cap_cents - b.settled_cents - b.reserved_cents,
+           k.allowed_endpoints, k.livemode, k.expires_at, k.revoked_at, k.created_at
+      FROM billguard.vault_keys k
+      JOIN billguard.vault_budgets b USING (vendor, billing_period, currency)
+     WHERE k.key_id = vault_key_status.key_id;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'no vault key %', coalesce(quote_literal(left(vault_key_status.key_id, 40)), 'NULL')
+      USING ERRCODE = 'no_data_found';
+  END IF;
+END $$;
+
+-- Revokes a key: its very next request is refused (401). Revoking again
+-- changes nothing and answers the first revocation's time.
+CREATE FUNCTION billguard.revoke_vault_key(key_id text) RETURNS timestamptz
+  LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  k billguard.vault_keys;
+BEGIN
+  UPDATE billguard.vault_keys v SET revoked_at = coalesce(v.revoked_at, now())
+   WHERE v.key_id = revoke_vault_key.key_id
+  RETURNING * INTO k;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'no vault key %', coalesce(quote_literal(left(revoke_vault_key.key_id, 40)), 'NULL')
+      USING ERRCODE = 'no_data_found';
+  END IF;
+  INSERT INTO billguard.vault_audit (key_id, vendor, billing_period, currency, decision, reason)
+  VALUES (k.key_id, k.vendor, k.billing_period, k.currency, 'revoked',
+          format('revoked at %s', k.revoked_at));
+  RETURN k.revoked_at;
+END $$;
+
+-- Raises the cap of the budget a key spends. A cap is never lowered below
+-- what it is (22023): revoke keys instead.
+CREATE FUNCTION billguard.raise_vault_cap(key_id text, period_usd_cap numeric) RETURNS numeric
+  LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  cap    bigint := billguard.usd_to_cents(period_usd_cap);
+  k      billguard.vault_keys;
+  budget billguard.vault_budgets;
+BEGIN
+  SELECT * INTO k FROM billguard.vault_keys v WHERE v.key_id = raise_vault_cap.key_id;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'no vault key %', coalesce(quote_literal(left(raise_vault_cap.key_id, 40)), 'NULL')
+      USING ERRCODE = 'no_data_found';
+  END IF;
+  SELECT * INTO STRICT budget FROM billguard.vault_budgets b
+   WHERE (b.vendor, b.billing_period, b.currency) = (k.vendor, k.billing_period, k.currency)
+     FOR UPDATE;
+  IF cap < budget.cap_cents THEN
+    RAISE EXCEPTION 'a cap is only ever raised: billing_period % has % USD, asked %',
+                    k.billing_period, to_char(budget.cap_cents / 100.0, 'FM999999999999990.00'),
+                    period_usd_cap
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  IF cap > budget.cap_cents THEN
+    UPDATE billguard.vault_budgets b SET cap_cents = cap, updated_at = now()
+     WHERE (b.vendor, b.billing_period, b.currency) = (k.vendor, k.billing_period, k.currency);
+    INSERT INTO billguard.vault_audit (key_id, vendor, billing_period, currency, decision, reason)
+    VALUES (k.key_id, k.vendor, k.billing_period, k.currency, 'cap_raised',
+            format('cap raised from %s to %s USD', to_char(budget.cap_cents / 100.0, 'FM999999999999990.00'),
+                   to_char(cap / 100.0, 'FM999999999999990.00')));
+  END IF;
+  RETURN round(cap / 100.0, 2);
+END $$;

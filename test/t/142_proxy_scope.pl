@@ -1,0 +1,152 @@
+# What a vault key may do, and what bad input gets (issue 8, Scope; the
+# proxy's bad-input rules). Against a real proxy, database and emulator:
+#   - a disallowed endpoint is 403 naming the allowed ones; an expired key
+#     401; a revoked key 401 on the very next request; another currency 403;
+#     an unknown key, or the real Stripe key itself, 401; none is forwarded;
+#   - a key issued again for the period shares its budget; another cap for
+#     it is 409; only the admin raises a cap or reads and revokes keys;
+#   - reads of an allowed endpoint pass and are never counted;
+#   - a malformed Authorization, a body that is not form encoding, an amount
+#     that is not a positive integer, a missing Idempotency-Key, an
+#     oversized body, an unknown path: 4xx, Stripe-shaped, nothing forwarded
+#     or counted;
+#   - /metrics passes promtool check metrics, and neither it, nor any
+#     answer, nor the proxy's log holds the real key or a token.
+use strict;
+use warnings;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use BillguardTest;
+use DispatchScenario;
+use ProxyHarness;
+
+my $node = billguard_node('proxy_scope');
+my $emulator = start_emulator();
+my $proxy = ProxyHarness->start(conninfo => $node->connstr('postgres'), upstream => $emulator);
+my $key = $proxy->issue_key(billing_period => '2026-08', period_usd_cap => 10,
+	allowed_endpoints => ['/v1/payment_intents']);
+my @answers;    # every answer, searched for secrets at the end
+sub remember { push @answers, $_[0]; return $_[0] }
+sub error_of { my ($r) = @_; return ($r->{status} // '') . ' ' . ($r->{json}{error}{code} // $r->{json}{error}{type} // '') }
+my $forwarded = sub { $emulator->stats->{requests} // 0 };
+my $before = $forwarded->();
+
+# ---- scope -------------------------------------------------------------------------
+
+my $r = remember($proxy->request('POST', '/v1/charges', ProxyHarness::charge_body(), vault_key => $key->{vault_key},
+	idempotency_key => 'scope-1'));
+is(error_of($r), '403 endpoint_not_allowed', 'a disallowed endpoint is 403');
+like($r->{json}{error}{message}, qr{may call GET and POST on /v1/payment_intents only}, '... naming the allowed endpoints');
+is(error_of(remember($proxy->charge($key->{vault_key}, 'scope-2', currency => 'eur'))), '403 currency_not_allowed',
+	'another currency is 403');
+is(error_of(remember($proxy->charge('vk_test_' . ('Z' x 32), 'scope-3'))), '401 vault_key_unknown', 'an unknown key is 401');
+is(error_of(remember($proxy->charge($StripeEmulatorHarness::DEFAULT_API_KEY, 'scope-4'))), '401 vault_key_required',
+	'the real Stripe key itself is 401');
+my $expiring = $proxy->issue_key(billing_period => '2026-08', period_usd_cap => 10);
+q1($node, "UPDATE billguard.vault_keys SET expires_at = now() WHERE key_id = '$expiring->{key_id}'");
+is(error_of(remember($proxy->charge($expiring->{vault_key}, 'scope-5'))), '401 vault_key_expired', 'an expired key is 401');
+is($forwarded->(), $before, 'none of them reached the emulator');
+
+is(remember($proxy->charge($key->{vault_key}, 'scope-ok', amount => 300))->{status}, 200,
+	'the key charges within its scope');
+my $again = $proxy->issue_key(billing_period => '2026-08', period_usd_cap => 10);
+is(remember($proxy->request('POST', '/v1/payment_intents', ProxyHarness::charge_body(amount => 700),
+	basic => $again->{vault_key}, idempotency_key => 'scope-again'))->{status}, 200,
+	'a key issued again for the period charges too (HTTP basic, as Stripe\'s clients send it)');
+is(error_of(remember($proxy->charge($key->{vault_key}, 'scope-over', amount => 50))), '429 spend_cap_exceeded',
+	'... and both share one budget: 3 + 7 USD of 10 leave no room for 50 cents');
+my $conflict = remember($proxy->request_key(billing_period => '2026-08', period_usd_cap => 20));
+is($conflict->{status}, 409, 'asking another cap for the period is 409');
+is($proxy->key_status($key->{key_id})->{cap_cents}, 1000, '... and the cap is unchanged');
+is($proxy->request('POST', "/keys/$key->{key_id}", '{"period_usd_cap": 20}', token => $proxy->issuer_token,
+	content_type => 'application/json')->{status}, 403, 'the issuer token cannot raise a cap');
+is($proxy->request('POST', "/keys/$key->{key_id}", '{"period_usd_cap": 20}', token => 'x' x 40,
+	content_type => 'application/json')->{status}, 401, 'nor can an unknown token');
+my $raised = $proxy->request('POST', "/keys/$key->{key_id}", '{"period_usd_cap": 10.5}', token => $proxy->admin_token,
+	content_type => 'application/json');
+is($raised->{json}{cap_cents}, 1050, 'the admin raises the cap');
+is(remember($proxy->charge($key->{vault_key}, 'scope-over', amount => 50))->{status}, 200, '... and the next charge passes');
+is(q1($node, q{SELECT count(*) FROM billguard.vault_audit WHERE decision = 'cap_raised'}), '1', 'the raise is audited');
+
+is($proxy->request('GET', "/v1/payment_intents/search?query=customer%3A%27cus_proxy%27", undef,
+	vault_key => $key->{vault_key})->{status}, 200, 'a read of an allowed endpoint passes');
+is($proxy->key_status($key->{key_id})->{settled_cents}, 1050, '... and is not counted');
+
+is($proxy->request('DELETE', "/keys/$key->{key_id}", undef, token => $proxy->admin_token)->{json}{revoked}, JSON::PP::true,
+	'the admin revokes the key');
+is(error_of(remember($proxy->charge($key->{vault_key}, 'scope-6', amount => 50))), '401 vault_key_revoked',
+	'a revoked key is 401 on the very next request');
+is($proxy->request('GET', "/keys/$key->{key_id}", undef, token => $proxy->issuer_token)->{status}, 403,
+	'the issuer token cannot read keys');
+
+# ---- bad input ---------------------------------------------------------------------------
+
+my $live = $proxy->issue_key(billing_period => '2026-10', period_usd_cap => 10);
+my $count_before = $forwarded->();
+my %bad = (
+	'no Authorization' => [ 'POST', '/v1/payment_intents', ProxyHarness::charge_body(), idempotency_key => 'b1' ],
+	'a malformed Authorization' => [ 'POST', '/v1/payment_intents', ProxyHarness::charge_body(),
+		headers => { Authorization => 'Token abc' }, idempotency_key => 'b2' ],
+	'a JSON body' => [ 'POST', '/v1/payment_intents', '{"amount": 50}', content_type => 'application/json',
+		vault_key => $live->{vault_key}, idempotency_key => 'b3' ],
+	'a body with bytes form encoding never has' => [ 'POST', '/v1/payment_intents', "amount=50&currency=usd&x=<a b>",
+		vault_key => $live->{vault_key}, idempotency_key => 'b4' ],
+	'an amount that is not an integer' => [ 'POST', '/v1/payment_intents', ProxyHarness::charge_body(amount => '5e1'),
+		vault_key => $live->{vault_key}, idempotency_key => 'b5' ],
+	'a negative amount' => [ 'POST', '/v1/payment_intents', ProxyHarness::charge_body(amount => '-50'),
+		vault_key => $live->{vault_key}, idempotency_key => 'b6' ],
+	'an amount of zero' => [ 'POST', '/v1/payment_intents', ProxyHarness::charge_body(amount => '0'),
+		vault_key => $live->{vault_key}, idempotency_key => 'b7' ],
+	'two amounts' => [ 'POST', '/v1/payment_intents', 'amount=50&amount=5000&currency=usd',
+		vault_key => $live->{vault_key}, idempotency_key => 'b8' ],
+	'an amount in the query string' => [ 'POST', '/v1/payment_intents?amount=5000', ProxyHarness::charge_body(),
+		vault_key => $live->{vault_key}, idempotency_key => 'b9' ],
+	'no Idempotency-Key' => [ 'POST', '/v1/payment_intents', ProxyHarness::charge_body(), vault_key => $live->{vault_key} ],
+	'an oversized body' => [ 'POST', '/v1/payment_intents', ProxyHarness::charge_body(description => 'x' x 70000),
+		vault_key => $live->{vault_key}, idempotency_key => 'b10' ],
+	'an oversized header' => [ 'POST', '/v1/payment_intents', ProxyHarness::charge_body(),
+		vault_key => $live->{vault_key}, idempotency_key => 'b11', headers => { 'X-Padding' => 'p' x 10000 } ],
+	'a path outside the API' => [ 'POST', '/v2/payment_intents', ProxyHarness::charge_body(),
+		vault_key => $live->{vault_key}, idempotency_key => 'b12' ],
+	'a path climbing out of an endpoint' => [ 'POST', '/v1/payment_intents/%2e%2e/charges', ProxyHarness::charge_body(),
+		vault_key => $live->{vault_key}, idempotency_key => 'b13' ],
+);
+for my $case (sort keys %bad) {
+	my ($method, $path, $body, %options) = @{ $bad{$case} };
+	my $answer = remember($proxy->request($method, $path, $body, %options));
+	ok(($answer->{status} // 0) >= 400 && $answer->{status} < 500
+		&& ($answer->{json}{error}{type} // '') eq 'invalid_request_error' && length($answer->{json}{error}{message} // ''),
+		"$case: a 4xx with a Stripe-shaped body (got $answer->{status})");
+}
+is($forwarded->(), $count_before, 'no bad request reached the emulator');
+my $status = $proxy->key_status($live->{key_id});
+is("$status->{settled_cents}/$status->{reserved_cents}", '0/0', 'and none was counted');
+
+# ---- metrics, and no secret anywhere ---------------------------------------------------------
+
+my $metrics = $proxy->request('GET', '/metrics', undef);
+is($metrics->{status}, 200, '/metrics answers');
+like($metrics->{content}, qr/billguard_proxy_budget_settled_cents\{vendor="stripe",billing_period="2026-08",currency="usd"\} 1050/,
+	'/metrics shows the settled spend of the budget');
+like($metrics->{content}, qr/billguard_proxy_requests_total\{decision="refused",status="429"\} 1/,
+	'/metrics counts requests by decision and status');
+my $file = $node->basedir . '/metrics.txt';
+open my $fh, '>', $file or die;
+print $fh $metrics->{content};
+close $fh;
+my ($out) = run_command([ 'sh', '-c', "promtool check metrics < $file 2>&1; echo exit=\$?" ]);
+is($out, "exit=0", 'promtool check metrics finds nothing wrong');
+is($proxy->request('GET', '/healthz', undef)->{content}, '{"status":"ok"}', '/healthz checks the database');
+
+my @secrets = ($StripeEmulatorHarness::DEFAULT_API_KEY, $proxy->admin_token, $proxy->issuer_token);
+my $everything = join("\n", $metrics->{content}, $proxy->log_text,
+	map { join("\n", $_->{content} // '', %{ $_->{headers} // {} }) } @answers);
+is(scalar(grep { index($everything, $_) >= 0 } @secrets), 0,
+	'neither the real key nor a token is in any answer, the metrics or the proxy\'s log');
+is(q1($node, "SELECT count(*) FROM billguard.vault_audit a WHERE row_to_json(a)::text ~ 'sk_test_|vk_test_|admin-|issuer-'"), '0',
+	'nor in the audit trail');
+
+$proxy->stop;
+$emulator->stop;
+$node->stop;
+done_testing();

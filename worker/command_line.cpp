@@ -1,0 +1,105 @@
+// billguard-proxy's command line (see command_line.hpp).
+#include "command_line.hpp"
+
+#include <cstdlib>
+#include <map>
+
+namespace billguard::proxy {
+
+const char* const kUsage =
+    "usage: billguard-proxy --listen HOST:PORT --database CONNINFO --upstream URL\n"
+    "                       --upstream-key-file PATH --admin-token-file PATH\n"
+    "                       [--issuer-token-file PATH] [--upstream-timeout SECONDS]\n"
+    "                       [--threads N] [--database-pool N]\n"
+    "       billguard-proxy --help\n"
+    "\n"
+    "The spend-cap proxy: holds the real Stripe key, issues per-period vault keys\n"
+    "and refuses any charge that would take a period past its cap. Every decision\n"
+    "is a call of the billguard extension's ledger in the --database.\n"
+    "\n"
+    "  --listen HOST:PORT        address to serve (PORT 0: any free port); prints\n"
+    "                            \"listening on HOST:PORT\" once it accepts connections\n"
+    "  --database CONNINFO       libpq connection string of the database that holds\n"
+    "                            the ledger (CREATE EXTENSION billguard, 0.2.0 or later)\n"
+    "  --upstream URL            the Stripe API, e.g. https://api.stripe.com\n"
+    "                            (http:// only to a loopback host)\n"
+    "  --upstream-key-file PATH  the real Stripe key (sk_... or rk_...)\n"
+    "  --admin-token-file PATH   token that issues keys, reads and revokes them and\n"
+    "                            raises caps\n"
+    "  --issuer-token-file PATH  token that may only issue keys\n"
+    "  --upstream-timeout S      seconds to wait for Stripe before answering 502 (20)\n"
+    "  --threads N               requests served at once (64)\n"
+    "  --database-pool N         connections to the database (8)\n"
+    "\n"
+    "Secret files must be readable by their owner only (chmod 600); tokens are at\n"
+    "least 24 characters.\n"
+    "\n"
+    "HTTP: POST /keys, GET|DELETE|POST /keys/{key_id} (admin), /v1/... with\n"
+    "Authorization: Bearer vk_..., GET /healthz, GET /metrics.\n";
+
+namespace {
+
+int ParseInt(const std::string& flag, const std::string& value, int low, int high) {
+  char* end = nullptr;
+  const long n = std::strtol(value.c_str(), &end, 10);
+  if (value.empty() || *end != '\0' || n < low || n > high) {
+    throw UsageError(flag + " must be an integer " + std::to_string(low) + ".." +
+                     std::to_string(high) + ", got \"" + value + "\"");
+  }
+  return static_cast<int>(n);
+}
+
+}  // namespace
+
+Options ParseCommandLine(int argc, char** argv) {
+  Options options;
+  std::map<std::string, std::string> values;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      options.help = true;
+      return options;
+    }
+    static const char* const kFlags[] = {
+        "--listen",           "--database",          "--upstream",         "--upstream-key-file",
+        "--admin-token-file", "--issuer-token-file", "--upstream-timeout", "--threads",
+        "--database-pool"};
+    bool known = false;
+    for (const char* name : kFlags) known = known || flag == name;
+    if (!known) throw UsageError("unknown option " + flag);
+    if (i + 1 >= argc) throw UsageError(flag + " needs a value");
+    if (values.count(flag) != 0) throw UsageError(flag + " is given twice");
+    values[flag] = argv[++i];
+  }
+  for (const char* required :
+       {"--listen", "--database", "--upstream", "--upstream-key-file", "--admin-token-file"}) {
+    if (values.count(required) == 0) throw UsageError(std::string(required) + " is required");
+  }
+  const std::string& listen = values["--listen"];
+  const auto colon = listen.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    throw UsageError("--listen must be HOST:PORT, got \"" + listen + "\"");
+  }
+  options.listen_host = listen.substr(0, colon);
+  options.listen_port = ParseInt("--listen's PORT", listen.substr(colon + 1), 0, 65535);
+  options.database = values["--database"];
+  options.upstream = values["--upstream"];
+  options.upstream_key_file = values["--upstream-key-file"];
+  options.admin_token_file = values["--admin-token-file"];
+  if (values.count("--issuer-token-file") != 0) {
+    options.issuer_token_file = values["--issuer-token-file"];
+  }
+  if (values.count("--upstream-timeout") != 0) {
+    options.upstream_timeout_s =
+        ParseInt("--upstream-timeout", values["--upstream-timeout"], 1, 600);
+  }
+  if (values.count("--threads") != 0) {
+    options.threads = ParseInt("--threads", values["--threads"], 1, 1024);
+  }
+  if (values.count("--database-pool") != 0) {
+    options.database_pool = ParseInt("--database-pool", values["--database-pool"], 1, 256);
+  }
+  return options;
+}
+
+}  // namespace billguard::proxy

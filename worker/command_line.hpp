@@ -1,0 +1,33 @@
+// billguard-proxy's command line.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace billguard::proxy {
+
+struct Options {
+  std::string listen_host;
+  int listen_port = 0;  // 0: any free port, announced on stdout
+  std::string database;
+  std::string upstream;
+  std::string upstream_key_file;
+  std::string admin_token_file;
+  std::string issuer_token_file;  // empty: only the admin token issues keys
+  int upstream_timeout_s = 20;
+  int threads = 64;
+  int database_pool = 8;
+  bool help = false;
+};
+
+// Bad flags: what is wrong, for one line on stderr before the usage.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+extern const char* const kUsage;
+
+Options ParseCommandLine(int argc, char** argv);
+
+}  // namespace billguard::proxy

@@ -1,0 +1,140 @@
+// Forwarding Stripe API requests (see forwarding.hpp).
+#include "forwarding.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+
+#include "credentials.hpp"
+#include "stripe_errors.hpp"
+#include "stripe_request_parser.hpp"
+
+namespace billguard::proxy {
+
+namespace {
+
+// What settling needs of Stripe's answer: the error type of a refusal and
+// the id of a success. A body that is not JSON has neither.
+UpstreamAnswer AnswerOf(const HttpResponse& response) {
+  UpstreamAnswer answer;
+  answer.status = static_cast<int>(response.status);
+  answer.body = response.body;
+  if (!response.request_id.empty()) answer.request_id = response.request_id;
+  const auto json = nlohmann::json::parse(response.body, nullptr, false);
+  if (!json.is_object()) return answer;
+  const auto error = json.find("error");
+  if (error != json.end() && error->is_object() && error->contains("type") &&
+      (*error)["type"].is_string()) {
+    answer.error_type = (*error)["type"].get<std::string>();
+  }
+  if (answer.status >= 200 && answer.status < 300 && json.contains("id") &&
+      json["id"].is_string()) {
+    answer.charge_id = json["id"].get<std::string>();
+  }
+  return answer;
+}
+
+void Refuse(httplib::Response& res, int status, const std::string& type, const std::string& code,
+            const std::string& message) {
+  AnswerJson(res, status, StripeErrorBody(type, code, message));
+}
+
+}  // namespace
+
+void HandleStripeRequest(ProxyContext& context, const httplib::Request& req,
+                         httplib::Response& res) {
+  std::string decision = "rejected";
+  const auto count = [&] { context.metrics.CountRequest(decision, res.status); };
+
+  const auto credential = PresentedCredential(req.get_header_value("Authorization"));
+  if (!credential || !LooksLikeVaultKey(*credential)) {
+    // Never forwarded, and never echoed: it may be the real key.
+    Refuse(res, 401, "invalid_request_error", "vault_key_required",
+           "the spend-cap proxy accepts only vault keys (Authorization: Bearer vk_live_... or "
+           "vk_test_...)");
+    return count();
+  }
+  const std::string idempotency_key = req.get_header_value("Idempotency-Key");
+  if (req.has_header("Idempotency-Key") &&
+      (idempotency_key.empty() || idempotency_key.size() > 255)) {
+    Refuse(res, 400, "invalid_request_error", "idempotency_key_invalid",
+           "Idempotency-Key must be 1..255 characters");
+    return count();
+  }
+  ParsedRequest parsed;
+  try {
+    parsed =
+        ParseStripeRequest(req.method, req.target, req.get_header_value("Content-Type"), req.body);
+  } catch (const BadRequest& e) {
+    Refuse(res, e.http_status, "invalid_request_error", e.code, e.what());
+    return count();
+  }
+
+  Authorization authorization;
+  try {
+    ForwardedRequest request;
+    request.secret_sha256 = Sha256Bytes(*credential);
+    request.method = parsed.method;
+    request.endpoint = parsed.path;
+    if (req.has_header("Idempotency-Key")) request.idempotency_key = idempotency_key;
+    request.request_digest = parsed.digest;
+    request.amount_cents = parsed.amount_cents;
+    request.currency = parsed.currency;
+    request.customer = parsed.customer;
+    authorization = context.ledger.Authorize(request);
+  } catch (const DatabaseUnavailable&) {
+    decision = "unavailable";
+    res.set_header("Stripe-Should-Retry", "true");
+    Refuse(res, 503, "api_error", "ledger_unavailable",
+           "the spend-cap ledger is unavailable; nothing was sent to Stripe, retry later");
+    return count();
+  } catch (const LedgerError& e) {
+    Refuse(res, e.http_status, e.type, "", e.what());
+    return count();
+  }
+  decision = authorization.decision;
+  if (decision == "refused" || decision == "replayed") {
+    if (decision == "replayed") {
+      res.set_header("Idempotent-Replayed", "true");
+      if (!authorization.request_id.empty()) res.set_header("Request-Id", authorization.request_id);
+    } else {
+      // A refusal stands until the budget changes: retrying cannot help.
+      res.set_header("Stripe-Should-Retry", "false");
+    }
+    AnswerJson(res, authorization.http_status, authorization.body);
+    return count();
+  }
+
+  const auto started = std::chrono::steady_clock::now();
+  const HttpResponse response = context.upstream.Send(
+      parsed.method, req.target, req.body, idempotency_key, req.get_header_value("Stripe-Version"));
+  context.metrics.ObserveUpstream(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  if (authorization.reserves()) {
+    try {
+      context.ledger.Settle(authorization.key_id, idempotency_key, AnswerOf(response));
+    } catch (const std::exception& e) {
+      // Stripe's answer is still relayed; the amount stays reserved until a
+      // retry with the same Idempotency-Key settles it.
+      std::fprintf(stderr, "billguard-proxy: could not settle %s of %s (it stays reserved): %s\n",
+                   idempotency_key.c_str(), authorization.key_id.c_str(), e.what());
+    }
+  }
+  if (response.status == 0) {
+    res.set_header("Stripe-Should-Retry", "true");
+    Refuse(res, 502, "api_error", "upstream_unavailable",
+           "no answer from Stripe (" + response.transport_error +
+               "); retry with the same Idempotency-Key");
+    return count();
+  }
+  if (!response.idempotent_replayed.empty()) {
+    res.set_header("Idempotent-Replayed", response.idempotent_replayed);
+  }
+  if (!response.should_retry.empty()) res.set_header("Stripe-Should-Retry", response.should_retry);
+  if (!response.request_id.empty()) res.set_header("Request-Id", response.request_id);
+  AnswerJson(res, static_cast<int>(response.status), response.body);
+  count();
+}
+
+}  // namespace billguard::proxy

@@ -1,0 +1,137 @@
+// The key API (see keys_api.hpp).
+#include "keys_api.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include "credentials.hpp"
+#include "stripe_errors.hpp"
+
+namespace billguard::proxy {
+
+namespace {
+
+using nlohmann::json;
+
+enum class Role { kNone, kIssuer, kAdmin };
+
+Role RoleOf(const ProxyContext& context, const httplib::Request& req) {
+  const auto token = PresentedCredential(req.get_header_value("Authorization"));
+  if (!token) return Role::kNone;
+  if (TokenMatches(*token, context.admin_token)) return Role::kAdmin;
+  if (context.issuer_token && TokenMatches(*token, *context.issuer_token)) return Role::kIssuer;
+  return Role::kNone;
+}
+
+void Error(httplib::Response& res, int status, const std::string& message) {
+  AnswerJson(res, status,
+             StripeErrorBody(status >= 500 ? "api_error" : "invalid_request_error", "", message));
+}
+
+// A USD amount as decimal text for numeric. nlohmann writes integers as they
+// are and other numbers in the shortest form that reads back as the same
+// double, so 54890.1 stays 54890.1; the ledger refuses what is not whole cents.
+std::string DecimalText(const json& value) {
+  return value.dump();
+}
+
+// A numeric from the ledger (e.g. "54890.10") as a JSON number.
+json Number(const std::string& text) {
+  return json::parse(text);
+}
+
+// Runs a ledger call and answers its errors.
+template <typename Fn>
+void WithLedger(ProxyContext& context, httplib::Response& res, Fn&& fn) {
+  try {
+    fn();
+  } catch (const DatabaseUnavailable&) {
+    Error(res, 503, "the spend-cap ledger is unavailable; retry later");
+  } catch (const LedgerError& e) {
+    Error(res, e.http_status, e.what());
+  }
+  context.metrics.CountRequest("keys", res.status);
+}
+
+void AnswerStatus(ProxyContext& context, httplib::Response& res, const std::string& key_id) {
+  json status = json::parse(context.ledger.KeyStatus(key_id));
+  status["key_id"] = key_id;
+  status["revoked"] = !status["revoked_at"].is_null();
+  AnswerJson(res, 200, status.dump());
+}
+
+void IssueKey(ProxyContext& context, const httplib::Request& req, httplib::Response& res) {
+  if (RoleOf(context, req) == Role::kNone) {
+    return Error(res, 401, "POST /keys needs the issuer or the admin token");
+  }
+  const json body = json::parse(req.body, nullptr, false);
+  KeyRequest key;
+  key.livemode = context.livemode;
+  const auto text = [&](const char* name, std::string* out) {
+    if (!body.is_object() || !body.contains(name) || !body[name].is_string()) return false;
+    *out = body[name].get<std::string>();
+    return true;
+  };
+  const bool valid = text("vendor", &key.vendor) && text("billing_period", &key.billing_period) &&
+                     text("expires_at", &key.expires_at) && body.contains("period_usd_cap") &&
+                     body["period_usd_cap"].is_number() && body.contains("allowed_endpoints") &&
+                     body["allowed_endpoints"].is_array() &&
+                     std::all_of(body["allowed_endpoints"].begin(), body["allowed_endpoints"].end(),
+                                 [](const json& e) { return e.is_string(); });
+  if (!valid) {
+    return Error(res, 400,
+                 "POST /keys takes a JSON object: {\"vendor\": string, \"billing_period\": "
+                 "\"YYYY-MM\", \"period_usd_cap\": number, \"allowed_endpoints\": [string], "
+                 "\"expires_at\": timestamp}");
+  }
+  key.period_usd_cap = DecimalText(body["period_usd_cap"]);
+  key.allowed_endpoints = body["allowed_endpoints"].get<std::vector<std::string>>();
+  WithLedger(context, res, [&] {
+    const NewKey issued = context.ledger.IssueKey(key);
+    AnswerJson(res, 200,
+               json{{"vault_key", issued.vault_key},
+                    {"key_id", issued.key_id},
+                    {"cap_usd", Number(issued.cap_usd)},
+                    {"vendor", issued.vendor}}
+                   .dump());
+  });
+}
+
+// GET, DELETE and POST /keys/{key_id}: the admin's.
+void ManageKey(ProxyContext& context, const httplib::Request& req, httplib::Response& res) {
+  const Role role = RoleOf(context, req);
+  if (role == Role::kNone)
+    return Error(res, 401, req.method + " /keys/{key_id} needs the admin token");
+  if (role != Role::kAdmin) return Error(res, 403, "the issuer token may only create keys");
+  const std::string key_id = req.matches[1];
+  if (req.method == "POST") {
+    const json body = json::parse(req.body, nullptr, false);
+    if (!body.is_object() || !body.contains("period_usd_cap") ||
+        !body["period_usd_cap"].is_number()) {
+      return Error(res, 400, "POST /keys/{key_id} takes {\"period_usd_cap\": number}");
+    }
+    return WithLedger(context, res, [&] {
+      context.ledger.RaiseCap(key_id, DecimalText(body["period_usd_cap"]));
+      AnswerStatus(context, res, key_id);
+    });
+  }
+  WithLedger(context, res, [&] {
+    if (req.method == "DELETE") context.ledger.RevokeKey(key_id);
+    AnswerStatus(context, res, key_id);
+  });
+}
+
+}  // namespace
+
+void RegisterKeysApi(httplib::Server& server, ProxyContext& context) {
+  server.Post("/keys", [&](const httplib::Request& req, httplib::Response& res) {
+    IssueKey(context, req, res);
+  });
+  const auto manage = [&](const httplib::Request& req, httplib::Response& res) {
+    ManageKey(context, req, res);
+  };
+  server.Get(R"(/keys/(vkey_[A-Za-z0-9]{16}))", manage);
+  server.Delete(R"(/keys/(vkey_[A-Za-z0-9]{16}))", manage);
+  server.Post(R"(/keys/(vkey_[A-Za-z0-9]{16}))", manage);
+}
+
+}  // namespace billguard::proxy

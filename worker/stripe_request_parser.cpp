@@ -1,0 +1,144 @@
+// Parsing Stripe API requests (see stripe_request_parser.hpp).
+#include "stripe_request_parser.hpp"
+
+#include <httplib.h>
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <regex>
+
+namespace billguard::proxy {
+
+namespace {
+
+bool IsHex(char c) {
+  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+
+// Form encoding as every Stripe client writes it: unreserved characters,
+// '+', '*', %XX escapes, and '=' and '&' as separators. Nothing else, so
+// no byte can mean something else to Stripe than to us.
+void CheckFormEncoding(const std::string& text) {
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                       c == '-' || c == '_' || c == '.' || c == '~' || c == '+' || c == '*' ||
+                       c == '=' || c == '&';
+    if (plain) continue;
+    if (c == '%' && i + 2 < text.size() && IsHex(text[i + 1]) && IsHex(text[i + 2])) {
+      i += 2;
+      continue;
+    }
+    throw BadRequest(400, "parameter_invalid_encoding",
+                     "the body is not application/x-www-form-urlencoded");
+  }
+}
+
+std::vector<std::pair<std::string, std::string>> DecodeForm(const std::string& text) {
+  CheckFormEncoding(text);
+  std::vector<std::pair<std::string, std::string>> parameters;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    std::size_t end = text.find('&', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string pair = text.substr(start, end - start);
+    const auto equals = pair.find('=');
+    if (!pair.empty()) {
+      if (equals == std::string::npos || equals == 0) {
+        throw BadRequest(400, "parameter_invalid_encoding",
+                         "the body holds a parameter without a name or value");
+      }
+      parameters.emplace_back(httplib::detail::decode_url(pair.substr(0, equals), true),
+                              httplib::detail::decode_url(pair.substr(equals + 1), true));
+    }
+    start = end + 1;
+  }
+  return parameters;
+}
+
+// The one value of a parameter, or nothing; twice is ambiguous.
+std::optional<std::string> Single(const ParsedRequest& r, const std::string& name) {
+  std::optional<std::string> found;
+  for (const auto& [key, value] : r.parameters) {
+    if (key != name) continue;
+    if (found) throw BadRequest(400, "parameter_duplicated", "Received " + name + " twice.");
+    found = value;
+  }
+  return found;
+}
+
+}  // namespace
+
+std::string Sha256Bytes(const std::string& text) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  EVP_Digest(text.data(), text.size(), digest, &length, EVP_sha256(), nullptr);
+  return std::string(reinterpret_cast<char*>(digest), length);
+}
+
+std::string Sha256Hex(const std::string& text) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string hex;
+  for (unsigned char c : Sha256Bytes(text)) {
+    hex.push_back(kHex[c >> 4]);
+    hex.push_back(kHex[c & 0x0f]);
+  }
+  return hex;
+}
+
+ParsedRequest ParseStripeRequest(const std::string& method, const std::string& target,
+                                 const std::string& content_type, const std::string& body) {
+  ParsedRequest r;
+  r.method = method;
+  const auto question = target.find('?');
+  r.path = target.substr(0, question);
+  if (question != std::string::npos) r.query = target.substr(question + 1);
+  static const std::regex kPath("/v1(/[A-Za-z0-9_]+)+");
+  if (!std::regex_match(r.path, kPath)) {
+    throw BadRequest(404, "resource_missing",
+                     "Unrecognized request URL (" + method + ": " + r.path.substr(0, 200) + ")");
+  }
+  // A read moves no money: its query string goes to Stripe as it came.
+  if (method == "GET") {
+    r.digest = Sha256Hex(method + " " + target);
+    return r;
+  }
+  if (!r.query.empty()) {
+    throw BadRequest(400, "parameter_unknown",
+                     "the spend-cap proxy takes the parameters of a " + method +
+                         " in its body, not in the query string");
+  }
+  const std::string type = content_type.substr(0, content_type.find(';'));
+  if (!body.empty() && type != "application/x-www-form-urlencoded") {
+    throw BadRequest(400, "parameter_invalid_encoding",
+                     "the body must be application/x-www-form-urlencoded");
+  }
+  r.parameters = DecodeForm(body);
+
+  if (const auto amount = Single(r, "amount")) {
+    const bool digits =
+        !amount->empty() && amount->size() <= 18 &&
+        std::all_of(amount->begin(), amount->end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (!digits) {
+      throw BadRequest(400, "parameter_invalid_integer",
+                       "Invalid integer: " + amount->substr(0, 40));
+    }
+    r.amount_cents = std::stoll(*amount);
+  }
+  r.currency = Single(r, "currency");
+  r.customer = Single(r, "customer");
+
+  // Parameters in a canonical order, each length-prefixed so that no two
+  // requests share a digest; Stripe compares parameters, not their order.
+  auto sorted = r.parameters;
+  std::sort(sorted.begin(), sorted.end());
+  std::string canonical = method + " " + r.path + "\n";
+  for (const auto& [name, value] : sorted) {
+    canonical += std::to_string(name.size()) + ":" + name + std::to_string(value.size()) + ":" +
+                 value + "\n";
+  }
+  r.digest = Sha256Hex(canonical);
+  return r;
+}
+
+}  // namespace billguard::proxy

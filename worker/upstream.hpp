@@ -1,0 +1,29 @@
+// Forwarding one request to Stripe with the real key, over the libcurl
+// client the dispatcher uses (common/http_client.hpp). Each serving thread
+// keeps its own client, and so its own kept-alive connections.
+#pragma once
+
+#include <string>
+
+#include "http_client.hpp"
+
+namespace billguard::proxy {
+
+class Upstream {
+ public:
+  Upstream(std::string base_url, std::string api_key, long timeout_ms);
+
+  // Sends method (GET or POST) path_and_query with the body and the
+  // caller's Idempotency-Key and Stripe-Version (empty: not sent). Status 0
+  // when no answer arrived within the timeout.
+  HttpResponse Send(const std::string& method, const std::string& path_and_query,
+                    const std::string& body, const std::string& idempotency_key,
+                    const std::string& stripe_version) const;
+
+ private:
+  const std::string base_url_;
+  const std::string authorization_;
+  const long timeout_ms_;
+};
+
+}  // namespace billguard::proxy
