@@ -40,7 +40,7 @@ my @cases = (
 	  qr/does not hold a Stripe key/ ],
 	[ 'an unreadable admin token file', { '--admin-token-file' => "$dir/none.token" }, qr/cannot read --admin-token-file/ ],
 	[ 'a group-readable token file', { '--admin-token-file' => ProxyHarness::secret_file($dir, 'g.token', 'b' x 40, 0640) },
-	  qr/--admin-token-file \S+ is open to group or others \(mode 0640\)/ ],
+	  qr/--admin-token-file \S+ has group or world access \(mode 0640\)/ ],
 	[ 'a short token', { '--issuer-token-file' => ProxyHarness::secret_file($dir, 'short.token', 'abc') },
 	  qr/--issuer-token-file \S+ holds fewer than 24 characters/ ],
 	[ 'plain http to another host', { '--upstream' => 'http://example.com' }, qr/--upstream http:\/\/example.com is refused. The URL must be an https:\/\// ],

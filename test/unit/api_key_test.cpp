@@ -87,8 +87,7 @@ int main() {
   tap::Ok(billguard::LoadApiKey(WriteFile("password=hunter2\n", 0600)).error.find("hunter2") ==
               std::string::npos,
           "... without echoing its content");
-  Refused(WriteFile(std::string(5000, 'a'), 0600), "larger than 4 KiB",
-          "a large file: refused");
+  Refused(WriteFile(std::string(5000, 'a'), 0600), "larger than 4 KiB", "a large file: refused");
   Refused("/nonexistent/key", "cannot read billguard.api_key_file: No such file",
           "a missing file: reported");
   tap::Ok(!billguard::LoadApiKey("").error.empty(), "an unset path: reported");
