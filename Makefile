@@ -18,6 +18,7 @@ OBJS = \
 	extension/dispatcher_wakeup.o \
 	extension/idempotency_key.o \
 	extension/journal_events.o \
+	extension/charge_request.o \
 	extension/spi_transaction.o \
 	extension/dispatch_queue.o \
 	extension/dispatcher.o \

@@ -5,12 +5,16 @@
 #include <string>
 #include <vector>
 
-#include "stripe_request.hpp"
-
 namespace billguard {
 
+// A claimed record and the request it sends: the endpoint and body stored
+// with it by its first claim.
 struct ClaimedRecord {
-  ChargeRecord charge;
+  std::string idempotency_key;
+  std::string customer_id;
+  std::string billing_period;
+  std::string endpoint;
+  std::string body;
   int attempt = 0;
   bool search_first = false;  // reconcile before (re-)sending
 };

@@ -167,23 +167,13 @@ class Dispatcher {
   }
 
   void Send(ClaimedRecord claimed, bool search) {
-    const std::string endpoint = settings::stripe_endpoint;
-    HttpRequest request;
-    request.tag = next_tag_++;
-    request.headers = {"Authorization: Bearer " + api_key_,
-                       "Stripe-Version: " + std::string(settings::stripe_version),
-                       std::string("User-Agent: ") + kUserAgent};
-    if (search) {
-      request.post = false;
-      request.url =
-          std::string(settings::api_base) + SearchPath(endpoint, claimed.charge.idempotency_key);
-    } else {
-      request.url = std::string(settings::api_base) + endpoint;
-      request.body = FormEncode(ChargeFields(claimed.charge, endpoint));
-      request.headers.push_back("Idempotency-Key: " + claimed.charge.idempotency_key);
-      request.headers.push_back("Content-Type: application/x-www-form-urlencoded");
-    }
-    in_flight_.emplace(request.tag, InFlight{std::move(claimed), search});
+    const StripeAccount account{settings::api_base, api_key_, settings::stripe_version, kUserAgent};
+    const std::uint64_t tag = next_tag_++;
+    HttpRequest request =
+        search
+            ? SearchRequest(account, claimed.endpoint, claimed.idempotency_key, tag)
+            : ChargeRequest(account, claimed.endpoint, claimed.body, claimed.idempotency_key, tag);
+    in_flight_.emplace(tag, InFlight{std::move(claimed), search});
     http_.Submit(std::move(request));
     ++sent_;
   }
@@ -193,8 +183,7 @@ class Dispatcher {
     if (found == in_flight_.end()) return;
     InFlight done = std::move(found->second);
     in_flight_.erase(found);
-    const ChargeRecord& charge = done.claimed.charge;
-    const std::string who = charge.customer_id + "/" + charge.billing_period;
+    const std::string who = done.claimed.customer_id + "/" + done.claimed.billing_period;
 
     Outcome outcome;
     if (done.searching) {

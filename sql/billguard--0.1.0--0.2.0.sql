@@ -38,3 +38,160 @@ ALTER FUNCTION billguard.record_search_result(text,integer,integer,text) SET sea
 ALTER FUNCTION billguard.release_claim(text,integer,boolean) SET search_path = pg_catalog, pg_temp;
 ALTER FUNCTION billguard.dispatcher_state() SET search_path = pg_catalog, pg_temp;
 ALTER FUNCTION billguard.record_for_operator(text,text,text[],text) SET search_path = pg_catalog, pg_temp;
+
+-- ==== The dispatch path (issue 6, items 5, 6, 11, 12, 13, 14, 15, 16, 22, 23) ====
+-- A record keeps the request of its first attempt (endpoint and exact body),
+-- and its charge id once set; both are frozen with the rest of its identity.
+ALTER TABLE billguard.billing_records ADD COLUMN stripe_endpoint text, ADD COLUMN request_body text;
+
+CREATE OR REPLACE FUNCTION billguard.refuse_billing_record_change() RETURNS trigger
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+BEGIN
+  IF TG_OP = 'UPDATE' AND OLD.charge_id IS NOT NULL AND OLD.charge_id IS DISTINCT FROM NEW.charge_id THEN
+    RAISE EXCEPTION 'billing record %/% already has charge %: a charge id never changes',
+                    OLD.customer_id, OLD.billing_period, OLD.charge_id
+      USING ERRCODE = 'integrity_constraint_violation';
+  END IF;
+  IF TG_OP = 'UPDATE'
+     AND ((OLD.stripe_endpoint IS NOT NULL AND OLD.stripe_endpoint IS DISTINCT FROM NEW.stripe_endpoint)
+          OR (OLD.request_body IS NOT NULL AND OLD.request_body IS DISTINCT FROM NEW.request_body)) THEN
+    RAISE EXCEPTION 'billing record %/%: the request sent to Stripe never changes once stored',
+                    OLD.customer_id, OLD.billing_period
+      USING ERRCODE = 'integrity_constraint_violation';
+  END IF;
+  IF TG_OP = 'UPDATE' THEN
+    RAISE EXCEPTION 'billing record %/% : customer, period, key, amount and payee never change',
+                    OLD.customer_id, OLD.billing_period
+      USING ERRCODE = 'integrity_constraint_violation';
+  END IF;
+  RAISE EXCEPTION 'billguard.billing_records rows are never removed: % refused', TG_OP
+    USING ERRCODE = 'integrity_constraint_violation';
+END $$;
+
+DROP TRIGGER billing_records_frozen_identity ON billguard.billing_records;
+CREATE TRIGGER billing_records_frozen_identity BEFORE UPDATE ON billguard.billing_records
+  FOR EACH ROW
+  WHEN (OLD.customer_id IS DISTINCT FROM NEW.customer_id
+     OR OLD.billing_period IS DISTINCT FROM NEW.billing_period
+     OR OLD.idempotency_key IS DISTINCT FROM NEW.idempotency_key
+     OR OLD.amount_cents IS DISTINCT FROM NEW.amount_cents
+     OR OLD.currency IS DISTINCT FROM NEW.currency
+     OR OLD.stripe_customer IS DISTINCT FROM NEW.stripe_customer
+     OR OLD.payment_method IS DISTINCT FROM NEW.payment_method
+     OR (OLD.stripe_endpoint IS NOT NULL AND OLD.stripe_endpoint IS DISTINCT FROM NEW.stripe_endpoint)
+     OR (OLD.request_body IS NOT NULL AND OLD.request_body IS DISTINCT FROM NEW.request_body)
+     OR (OLD.charge_id IS NOT NULL AND OLD.charge_id IS DISTINCT FROM NEW.charge_id))
+  EXECUTE FUNCTION billguard.refuse_billing_record_change();
+
+CREATE FUNCTION billguard.charge_request_body(endpoint text, idempotency_key text,
+                                              customer_id text, billing_period text,
+                                              amount_cents bigint, currency text,
+                                              stripe_customer text, payment_method text)
+  RETURNS text
+  LANGUAGE c IMMUTABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  AS 'MODULE_PATHNAME', 'billguard_charge_request_body';
+
+-- Records that 0.1.0 may have sent (first dispatched) keep the request it
+-- sent: 0.1.0 encoded the body with this same encoder (common/'s
+-- ChargeFields and FormEncode, unchanged since; test/unit pins the bytes)
+-- for the endpoint in force, which is the setting now, as that setting
+-- could not be changed safely under 0.1.0 while a record was unresolved.
+-- Records never sent get their request at their first claim.
+UPDATE billguard.billing_records r
+   SET stripe_endpoint = s.endpoint,
+       request_body = billguard.charge_request_body(s.endpoint, r.idempotency_key, r.customer_id,
+                                                    r.billing_period, r.amount_cents, r.currency,
+                                                    r.stripe_customer, r.payment_method)
+  FROM (SELECT coalesce(current_setting('billguard.stripe_endpoint', true), '/v1/payment_intents')
+                 AS endpoint) s
+ WHERE r.first_dispatched_at IS NOT NULL;
+
+DROP FUNCTION billguard.claim_due_records(integer, interval, interval);
+CREATE FUNCTION billguard.claim_due_records(max_rows integer, lease interval,
+                                            idempotency_window interval, endpoint text)
+  RETURNS TABLE (idempotency_key text, attempt integer, action text, customer_id text,
+                 billing_period text, stripe_endpoint text, request_body text)
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+#variable_conflict use_column
+BEGIN
+  -- The dispatcher commits its answers asynchronously (a lost answer is
+  -- re-sent with the same key and replayed by Stripe), but a claim is
+  -- flushed before any request leaves.
+  PERFORM set_config('synchronous_commit', 'on', true);
+  RETURN QUERY
+  WITH due AS (
+    SELECT r.idempotency_key, r.status, r.first_dispatched_at
+      FROM billguard.billing_records r
+     WHERE r.status IN ('pending', 'dispatching', 'unknown') AND r.next_attempt_at <= now()
+     ORDER BY r.next_attempt_at
+     LIMIT max_rows
+       FOR UPDATE SKIP LOCKED
+  ), claimed AS (
+    UPDATE billguard.billing_records r
+       SET status = 'dispatching',
+           attempts = r.attempts + 1,
+           first_dispatched_at = coalesce(r.first_dispatched_at, now()),
+           lease_expires_at = now() + lease,
+           next_attempt_at = now() + lease,
+           updated_at = now(),
+           stripe_endpoint = coalesce(r.stripe_endpoint, endpoint),
+           request_body = coalesce(r.request_body,
+             billguard.charge_request_body(endpoint, r.idempotency_key, r.customer_id,
+                                           r.billing_period, r.amount_cents, r.currency,
+                                           r.stripe_customer, r.payment_method))
+      FROM due
+     WHERE r.idempotency_key = due.idempotency_key
+    RETURNING r.idempotency_key, r.attempts, r.customer_id, r.billing_period,
+              r.stripe_endpoint, r.request_body,
+              CASE WHEN due.status = 'unknown'
+                     OR due.first_dispatched_at < now() - idempotency_window
+                   THEN 'search' ELSE 'charge' END AS action
+  ), journaled AS (
+    INSERT INTO billguard.journal (persistence_id, seq_nr, customer_id, event_type, event)
+    SELECT p.id,
+           coalesce((SELECT max(j.seq_nr) FROM billguard.journal j WHERE j.persistence_id = p.id), 0) + 1,
+           c.customer_id, 'ChargeAttempted',
+           jsonb_build_object('attempt', c.attempts, 'action', c.action,
+                              'idempotency_key', c.idempotency_key, 'at', now())
+      FROM claimed c
+     CROSS JOIN LATERAL (SELECT 'billing-' || c.customer_id || '-' || c.billing_period AS id) p
+  )
+  SELECT c.idempotency_key, c.attempts, c.action, c.customer_id, c.billing_period,
+         c.stripe_endpoint, c.request_body
+    FROM claimed c;
+END $$;
+
+CREATE OR REPLACE FUNCTION billguard.resolve_record(customer_id text, billing_period text, charge_id text)
+  RETURNS text
+  LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  rec billguard.billing_records;
+BEGIN
+  IF resolve_record.charge_id IS NULL OR resolve_record.charge_id !~ '^(pi|ch)_[A-Za-z0-9_]+$' THEN
+    RAISE EXCEPTION 'charge_id must be a Stripe id (pi_... or ch_...)'
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  rec := billguard.record_for_operator(resolve_record.customer_id, resolve_record.billing_period,
+                                       ARRAY['needs_review', 'failed', 'unknown'], 'resolved');
+  IF rec.charge_id IS NOT NULL THEN
+    RAISE EXCEPTION 'billing record %/% already has charge %: a charge id never changes',
+                    rec.customer_id, rec.billing_period, rec.charge_id
+      USING ERRCODE = 'integrity_constraint_violation';
+  END IF;
+  UPDATE billguard.billing_records r
+     SET status = 'completed', charge_id = resolve_record.charge_id, completed_at = now(),
+         last_error = NULL, updated_at = now()
+   WHERE r.idempotency_key = rec.idempotency_key;
+  PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'ReviewResolved',
+    jsonb_build_object('charge_id', resolve_record.charge_id, 'previous_status', rec.status,
+                       'by', session_user));
+  RETURN 'completed';
+END $$;
+
+-- As in a fresh install, nothing of the above is granted to PUBLIC.
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA billguard FROM PUBLIC;

@@ -45,18 +45,29 @@ CREATE FUNCTION billguard.requeue_abandoned() RETURNS bigint
   SELECT count(*) FROM requeued;
 $$;
 
+-- The form body of a record's charge (extension/charge_request.cpp, over the
+-- encoder of common/stripe_request.*); stored by the claim that first sends it.
+CREATE FUNCTION billguard.charge_request_body(endpoint text, idempotency_key text,
+                                              customer_id text, billing_period text,
+                                              amount_cents bigint, currency text,
+                                              stripe_customer text, payment_method text)
+  RETURNS text
+  LANGUAGE c IMMUTABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  AS 'MODULE_PATHNAME', 'billguard_charge_request_body';
+
 -- Claims up to max_rows due records: status 'dispatching', attempts + 1,
 -- first_dispatched_at set once, a lease (a dispatching row whose lease
--- expires is due again). action says what to send:
---   'charge'  POST the charge with the stored key;
+-- expires is due again), and on its first claim the request it sends for
+-- good: `endpoint` and the body built for it. action says what to send:
+--   'charge'  POST the stored body to the stored endpoint with the key;
 --   'search'  look the charge up first: the outcome of an earlier attempt
 --             is unknown (a cached 500), or the first dispatch is older than
 --             idempotency_window, so Stripe may have pruned the key.
 CREATE FUNCTION billguard.claim_due_records(max_rows integer, lease interval,
-                                            idempotency_window interval)
+                                            idempotency_window interval, endpoint text)
   RETURNS TABLE (idempotency_key text, attempt integer, action text, customer_id text,
-                 billing_period text, amount_cents bigint, currency text,
-                 stripe_customer text, payment_method text)
+                 billing_period text, stripe_endpoint text, request_body text)
   LANGUAGE plpgsql
   SET search_path = pg_catalog, pg_temp
   AS $$
@@ -81,11 +92,16 @@ BEGIN
            first_dispatched_at = coalesce(r.first_dispatched_at, now()),
            lease_expires_at = now() + lease,
            next_attempt_at = now() + lease,
-           updated_at = now()
+           updated_at = now(),
+           stripe_endpoint = coalesce(r.stripe_endpoint, endpoint),
+           request_body = coalesce(r.request_body,
+             billguard.charge_request_body(endpoint, r.idempotency_key, r.customer_id,
+                                           r.billing_period, r.amount_cents, r.currency,
+                                           r.stripe_customer, r.payment_method))
       FROM due
      WHERE r.idempotency_key = due.idempotency_key
-    RETURNING r.idempotency_key, r.attempts, r.customer_id, r.billing_period, r.amount_cents,
-              r.currency, r.stripe_customer, r.payment_method,
+    RETURNING r.idempotency_key, r.attempts, r.customer_id, r.billing_period,
+              r.stripe_endpoint, r.request_body,
               CASE WHEN due.status = 'unknown'
                      OR due.first_dispatched_at < now() - idempotency_window
                    THEN 'search' ELSE 'charge' END AS action
@@ -99,8 +115,8 @@ BEGIN
       FROM claimed c
      CROSS JOIN LATERAL (SELECT 'billing-' || c.customer_id || '-' || c.billing_period AS id) p
   )
-  SELECT c.idempotency_key, c.attempts, c.action, c.customer_id, c.billing_period, c.amount_cents,
-         c.currency, c.stripe_customer, c.payment_method
+  SELECT c.idempotency_key, c.attempts, c.action, c.customer_id, c.billing_period,
+         c.stripe_endpoint, c.request_body
     FROM claimed c;
 END $$;
 

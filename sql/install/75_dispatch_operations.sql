@@ -85,7 +85,8 @@ BEGIN
   RETURN 'pending';
 END $$;
 
--- Marks a reviewed record completed with the charge a person found.
+-- Marks a reviewed record completed with the charge a person found; a
+-- record's charge id is set once.
 CREATE FUNCTION billguard.resolve_record(customer_id text, billing_period text, charge_id text)
   RETURNS text
   LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -98,6 +99,11 @@ BEGIN
   END IF;
   rec := billguard.record_for_operator(resolve_record.customer_id, resolve_record.billing_period,
                                        ARRAY['needs_review', 'failed', 'unknown'], 'resolved');
+  IF rec.charge_id IS NOT NULL THEN
+    RAISE EXCEPTION 'billing record %/% already has charge %: a charge id never changes',
+                    rec.customer_id, rec.billing_period, rec.charge_id
+      USING ERRCODE = 'integrity_constraint_violation';
+  END IF;
   UPDATE billguard.billing_records r
      SET status = 'completed', charge_id = resolve_record.charge_id, completed_at = now(),
          last_error = NULL, updated_at = now()

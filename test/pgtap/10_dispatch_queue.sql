@@ -88,7 +88,7 @@ DECLARE
 BEGIN
   BEGIN
     SELECT string_agg(c.customer_id, ',' ORDER BY c.customer_id) INTO claimed
-      FROM billguard.claim_due_records(n, interval '30 seconds', interval '1 day') c;
+      FROM billguard.claim_due_records(n, interval '30 seconds', interval '1 day', '/v1/payment_intents') c;
     RAISE EXCEPTION 't10 undo';
   EXCEPTION WHEN raise_exception THEN
     NULL;
@@ -117,21 +117,22 @@ UPDATE billguard.billing_records SET status = 'dispatching', attempts = 1, first
        lease_expires_at = now() + interval '20 seconds', next_attempt_at = now() + interval '20 seconds'
  WHERE customer_id = 't10_leased';
 
-CREATE TEMP TABLE t10_c1 AS SELECT * FROM billguard.claim_due_records(1, interval '30 seconds', interval '1 day');
+CREATE TEMP TABLE t10_c1 AS SELECT * FROM billguard.claim_due_records(1, interval '30 seconds', interval '1 day', '/v1/payment_intents');
 SELECT results_eq($$SELECT customer_id, attempt, action FROM t10_c1$$,
                   $$VALUES ('t10_due1', 1, 'charge')$$,
                   'claim (max_rows 1): the most overdue row, attempt 1, action charge');
 
-CREATE TEMP TABLE t10_c2 AS SELECT * FROM billguard.claim_due_records(100, interval '30 seconds', interval '1 day');
+CREATE TEMP TABLE t10_c2 AS SELECT * FROM billguard.claim_due_records(100, interval '30 seconds', interval '1 day', '/v1/payment_intents');
 SELECT results_eq($$SELECT customer_id, attempt, action FROM t10_c2 ORDER BY customer_id$$,
                   $$VALUES ('t10_due2', 1, 'charge'), ('t10_expired', 2, 'charge'), ('t10_old', 3, 'search'),
                            ('t10_unknown', 2, 'search')$$,
                   'claim: exactly the due rows (pending, unknown, expired lease); search for unknown and for a first dispatch older than the window');
-SELECT results_eq($$SELECT idempotency_key, billing_period, amount_cents, currency, stripe_customer, payment_method
+SELECT results_eq($$SELECT idempotency_key, billing_period, stripe_endpoint, request_body
                       FROM t10_c2 WHERE customer_id = 't10_due2'$$,
-                  $$SELECT pg_temp.t10_key('due2'), '2031-10', (SELECT amount_cents FROM billguard.accounts WHERE customer_id = 't10_due2'),
-                           'eur', 'cus_t10_due2', NULL::text$$,
-                  'claim returns the stored key, period, amount, currency, payee and payment method');
+                  $$SELECT pg_temp.t10_key('due2'), '2031-10', '/v1/payment_intents',
+                           billguard.charge_request_body('/v1/payment_intents', pg_temp.t10_key('due2'), 't10_due2', '2031-10',
+                             (SELECT amount_cents FROM billguard.accounts WHERE customer_id = 't10_due2'), 'eur', 'cus_t10_due2', NULL)$$,
+                  'claim returns the stored key, period, and the request it stored: endpoint and body');
 SELECT results_eq($$SELECT customer_id, status, attempts, lease_expires_at, next_attempt_at
                       FROM billguard.billing_records WHERE customer_id IN ('t10_due1', 't10_due2', 't10_expired', 't10_old', 't10_unknown')
                      ORDER BY customer_id$$,
@@ -165,19 +166,19 @@ SELECT results_eq($$SELECT customer_id, seq_nr, (event ->> 'attempt')::int, even
                            ('t10_old', 2::bigint, 3, 'search', pg_temp.t10_key('old'), now()),
                            ('t10_unknown', 2::bigint, 2, 'search', pg_temp.t10_key('unknown'), now())$$,
                   'one ChargeAttempted per claim: attempt, action, the stored key, at');
-SELECT is((SELECT count(*) FROM billguard.claim_due_records(100, interval '30 seconds', interval '1 day')), 0::bigint,
+SELECT is((SELECT count(*) FROM billguard.claim_due_records(100, interval '30 seconds', interval '1 day', '/v1/payment_intents')), 0::bigint,
           'claiming again at once: nothing is due (leases)');
 
 -- Re-claim after the lease expired: attempts 2, first_dispatched_at kept.
 UPDATE billguard.billing_records SET next_attempt_at = now() - interval '1 second',
        first_dispatched_at = now() - interval '1 hour' WHERE customer_id = 't10_due1';
-SELECT results_eq($$SELECT customer_id, attempt, action FROM billguard.claim_due_records(100, interval '30 seconds', interval '1 day')$$,
+SELECT results_eq($$SELECT customer_id, attempt, action FROM billguard.claim_due_records(100, interval '30 seconds', interval '1 day', '/v1/payment_intents')$$,
                   $$VALUES ('t10_due1', 2, 'charge')$$, 're-claim after the lease: attempt 2, still a charge inside the window');
 SELECT is((pg_temp.t10_r('due1')).first_dispatched_at, now() - interval '1 hour', 're-claim keeps first_dispatched_at');
 SELECT is((SELECT (event ->> 'attempt')::int FROM billguard.journal WHERE persistence_id = 'billing-t10_due1-2031-10' AND seq_nr = 3),
           2, 're-claim writes ChargeAttempted attempt 2 at seq_nr 3');
 UPDATE billguard.billing_records SET next_attempt_at = now() - interval '1 second' WHERE customer_id = 't10_due1';
-SELECT results_eq($$SELECT customer_id, attempt, action FROM billguard.claim_due_records(100, interval '30 seconds', interval '30 minutes')$$,
+SELECT results_eq($$SELECT customer_id, attempt, action FROM billguard.claim_due_records(100, interval '30 seconds', interval '30 minutes', '/v1/payment_intents')$$,
                   $$VALUES ('t10_due1', 3, 'search')$$,
                   'first dispatched 1 hour ago, window 30 minutes: search first');
 
@@ -205,7 +206,7 @@ SELECT is((SELECT c FROM dblink('t10_locker', $$SELECT customer_id FROM billguar
                                                WHERE customer_id = 't10_skiplocked' FOR UPDATE$$) AS t(c text)),
           't10_skiplocked', 'SKIP LOCKED: the second session locks the row');
 SET LOCAL statement_timeout = '5s';
-CREATE TEMP TABLE t10_skip AS SELECT * FROM billguard.claim_due_records(1, interval '30 seconds', interval '1 day');
+CREATE TEMP TABLE t10_skip AS SELECT * FROM billguard.claim_due_records(1, interval '30 seconds', interval '1 day', '/v1/payment_intents');
 RESET statement_timeout;
 SELECT results_eq($$SELECT customer_id FROM t10_skip$$, $$VALUES ('t10_spare')$$,
                   'SKIP LOCKED: the claim skips the locked row at once and takes the next due one');
@@ -509,7 +510,7 @@ SELECT is(pg_temp.t10_last('rt_failed') - 'by', '{"previous_status": "failed", "
 SELECT is(pg_temp.t10_last('rt_failed') ->> 'by', session_user::text, 'RecordRequeued: by session_user');
 SELECT is(billguard.retry_record('t10_rt_review', '2031-10'), 'pending', 'retry_record of a needs_review record: pending');
 SELECT is((pg_temp.t10_r('rt_review')).status, 'pending', 'retry_record of needs_review: pending');
-SELECT results_eq($$SELECT customer_id, attempt, action FROM billguard.claim_due_records(100, interval '30 seconds', interval '1 day')
+SELECT results_eq($$SELECT customer_id, attempt, action FROM billguard.claim_due_records(100, interval '30 seconds', interval '1 day', '/v1/payment_intents')
                     WHERE customer_id LIKE 't10\_rt\_%' ORDER BY customer_id$$,
                   $$VALUES ('t10_rt_failed', 1, 'search'), ('t10_rt_review', 1, 'search')$$,
                   'requeued records first dispatched 3 days ago are searched for first');

@@ -13,7 +13,7 @@ INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents)
 SELECT 't11_' || n, 'cus_t11_' || n, 1500 FROM unnest(ARRAY['action', 'method', 'processing', 'pending']) n;
 SELECT count(*) FROM billguard.accounts a, billguard.bill_customer(a.customer_id, '2031-11') b
  WHERE a.customer_id LIKE 't11\_%';
-SELECT count(*) FROM billguard.claim_due_records(10, '1 minute', '23 hours');
+SELECT count(*) FROM billguard.claim_due_records(10, '1 minute', '23 hours', '/v1/payment_intents');
 
 CREATE FUNCTION pg_temp.answer(c text, body text) RETURNS text LANGUAGE sql AS $$
   SELECT billguard.record_charge_response(billguard.idempotency_key('t11_' || c, '2031-11'), 1, 200,
