@@ -26,6 +26,7 @@ struct HttpResponse {
   std::uint64_t tag = 0;
   long status = 0;              // 0 when no HTTP response arrived
   std::string transport_error;  // why no response arrived (status 0)
+  bool request_sent = true;     // false only when it provably never left
   std::string body;
   std::string idempotent_replayed;  // header values, empty when absent
   std::string should_retry;

@@ -53,30 +53,38 @@ std::vector<ClaimedRecord> ClaimDueRecords(int max_rows) {
   return claimed;
 }
 
-Outcome RecordChargeResponse(const ClaimedRecord& claimed, long http_status,
-                             const std::string& body, const std::string& should_retry,
-                             bool replayed) {
-  return SingleText(ExecuteInTransaction(
-      "SELECT billguard.record_charge_response($1, $2::int, $3::int, $4, $5, $6::boolean, "
-      "$7::int, $8::interval)",
-      {claimed.idempotency_key, std::to_string(claimed.attempt), std::to_string(http_status), body,
-       should_retry.empty() ? SqlValue() : SqlValue(should_retry), replayed ? "true" : "false",
-       std::to_string(settings::max_attempts), Seconds(settings::search_settle_delay_s)}));
+namespace {
+
+SqlValue TextOrNull(const std::string& text) {
+  return text.empty() ? SqlValue() : SqlValue(text);
 }
 
-Outcome RecordTransportError(const ClaimedRecord& claimed, const std::string& message) {
-  return SingleText(
-      ExecuteInTransaction("SELECT billguard.record_transport_error($1, $2::int, $3, $4::int)",
-                           {claimed.idempotency_key, std::to_string(claimed.attempt), message,
-                            std::to_string(settings::max_attempts)}));
+Recorded RecordedFrom(const std::vector<SqlRow>& rows) {
+  return SingleText(rows) == "stale" ? Recorded::kStale : Recorded::kRecorded;
 }
 
-Outcome RecordSearchResult(const ClaimedRecord& claimed, long http_status,
-                           const std::string& body) {
-  return SingleText(
-      ExecuteInTransaction("SELECT billguard.record_search_result($1, $2::int, $3::int, $4)",
-                           {claimed.idempotency_key, std::to_string(claimed.attempt),
-                            std::to_string(http_status), body}));
+}  // namespace
+
+Recorded RecordChargeResponse(const ClaimedRecord& claimed, const ChargeAnswer& answer,
+                              Outcome outcome, int unsent_delay_s) {
+  return RecordedFrom(ExecuteInTransaction(
+      "SELECT billguard.record_charge_response($1, $2::int, $3, $4::int, $5, $6::boolean, $7, "
+      "$8, $9, $10, $11, $12, $13::interval, $14::interval)",
+      {claimed.idempotency_key, std::to_string(claimed.attempt), OutcomeName(outcome),
+       std::to_string(answer.http_status), TextOrNull(answer.object_id),
+       answer.replayed ? "true" : "false", TextOrNull(answer.request_id),
+       TextOrNull(answer.error_type), TextOrNull(answer.error_code),
+       TextOrNull(answer.decline_code), TextOrNull(answer.message), TextOrNull(answer.body_excerpt),
+       Seconds(settings::search_settle_delay_s), Seconds(unsent_delay_s)}));
+}
+
+Recorded RecordSearchResult(const ClaimedRecord& claimed, const SearchAnswer& answer,
+                            Outcome outcome, int unsent_delay_s) {
+  return RecordedFrom(ExecuteInTransaction(
+      "SELECT billguard.record_search_result($1, $2::int, $3, $4::int, $5, $6, $7, $8::interval)",
+      {claimed.idempotency_key, std::to_string(claimed.attempt), OutcomeName(outcome),
+       std::to_string(answer.http_status), TextOrNull(answer.found_id),
+       TextOrNull(answer.request_id), TextOrNull(answer.message), Seconds(unsent_delay_s)}));
 }
 
 void ReleaseClaim(const ClaimedRecord& claimed) {

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "stripe_response.hpp"
+
 namespace billguard {
 
 // A claimed record and the request it sends: the endpoint and body stored
@@ -19,20 +21,20 @@ struct ClaimedRecord {
   bool search_first = false;  // reconcile before (re-)sending
 };
 
-// Outcome of recording an answer: "completed", "retry", "failed",
-// "unknown", "needs_review", "paused", "charge" (search found nothing: send
-// now) or "stale" (the attempt's lease was taken over).
-using Outcome = std::string;
+// Whether an answer was recorded: kStale when the record has moved on (the
+// attempt's lease was taken over, an operator requeued it).
+enum class Recorded { kRecorded, kStale };
 
 // The version of billguard created in this database, empty when none is.
 std::string InstalledExtensionVersion();
 long RequeueAbandoned();
 std::vector<ClaimedRecord> ClaimDueRecords(int max_rows);
-Outcome RecordChargeResponse(const ClaimedRecord& claimed, long http_status,
-                             const std::string& body, const std::string& should_retry,
-                             bool replayed);
-Outcome RecordTransportError(const ClaimedRecord& claimed, const std::string& message);
-Outcome RecordSearchResult(const ClaimedRecord& claimed, long http_status, const std::string& body);
+// Records a judged answer; unsent_delay_s is how long a request that never
+// left waits before it is tried again.
+Recorded RecordChargeResponse(const ClaimedRecord& claimed, const ChargeAnswer& answer,
+                              Outcome outcome, int unsent_delay_s);
+Recorded RecordSearchResult(const ClaimedRecord& claimed, const SearchAnswer& answer,
+                            Outcome outcome, int unsent_delay_s);
 // Gives back a claimed record that was never sent.
 void ReleaseClaim(const ClaimedRecord& claimed);
 

@@ -12,6 +12,7 @@
 #include "http_client.hpp"
 #include "rate_pacer.hpp"
 #include "stripe_request.hpp"
+#include "stripe_response.hpp"
 
 #include "dispatch_queue.hpp"
 #include "dispatcher.hpp"
@@ -183,30 +184,39 @@ class Dispatcher {
     if (found == in_flight_.end()) return;
     InFlight done = std::move(found->second);
     in_flight_.erase(found);
-    const std::string who = done.claimed.customer_id + "/" + done.claimed.billing_period;
+    // Connections refused one after another mean Stripe (or the way to it)
+    // is down: wait longer each time, up to a minute; any answer ends it.
+    unsent_streak_ = response.status == 0 && !response.request_sent ? unsent_streak_ + 1 : 0;
+    const int unsent_delay_s = 1 << std::min(unsent_streak_, 6);
 
     Outcome outcome;
+    Recorded recorded;
     if (done.searching) {
-      outcome = RecordSearchResult(done.claimed, response.status, response.body);
-      if (outcome == "charge") {
+      const SearchAnswer answer = ReadSearchAnswer(response, done.claimed.idempotency_key);
+      outcome = JudgeSearch(answer);
+      recorded = RecordSearchResult(done.claimed, answer, outcome, unsent_delay_s);
+      if (recorded == Recorded::kRecorded && outcome == Outcome::kAbsent) {
         // Not found: send the charge next, same key, paced like any request.
         done.claimed.search_first = false;
         ready_.push_front(std::move(done.claimed));
         return;
       }
-    } else if (response.status == 0) {
-      outcome = RecordTransportError(done.claimed, response.transport_error);
     } else {
-      outcome = RecordChargeResponse(done.claimed, response.status, response.body,
-                                     response.should_retry, response.idempotent_replayed == "true");
+      ChargeAnswer answer = ReadChargeAnswer(response);
+      outcome = JudgeCharge(answer, done.claimed.attempt, settings::max_attempts);
+      recorded = RecordChargeResponse(done.claimed, answer, outcome, unsent_delay_s);
     }
+    if (recorded == Recorded::kStale) return;
 
     if (response.status == 429) pacer_.SlowDown(Clock::now());
-    if (outcome == "paused") {
+    if (outcome == Outcome::kPaused) {
       Pause("Stripe refused the API key (HTTP " + std::to_string(response.status) + ")");
-    } else if (outcome == "failed" || outcome == "needs_review" || outcome == "unknown") {
-      Log(who + " is " + outcome + " after HTTP " + std::to_string(response.status) +
-          (response.status == 0 ? " (" + response.transport_error + ")" : ""));
+    } else if (outcome == Outcome::kFailed || outcome == Outcome::kNeedsReview ||
+               outcome == Outcome::kUnknown) {
+      Log(done.claimed.customer_id + "/" + done.claimed.billing_period + " is " +
+          OutcomeName(outcome) + " after HTTP " + std::to_string(response.status) +
+          (response.status == 0 ? " (" + PrintableExcerpt(response.transport_error, 200) + ")"
+                                : ""));
     }
   }
 
@@ -260,6 +270,7 @@ class Dispatcher {
   std::unordered_map<std::uint64_t, InFlight> in_flight_;
   std::uint64_t next_tag_ = 1;
   int64 sent_ = 0;
+  int unsent_streak_ = 0;  // requests in a row that never left
 };
 
 }  // namespace

@@ -40,6 +40,7 @@ ALTER FUNCTION billguard.dispatcher_state() SET search_path = pg_catalog, pg_tem
 ALTER FUNCTION billguard.record_for_operator(text,text,text[],text) SET search_path = pg_catalog, pg_temp;
 
 -- ==== The dispatch path (issue 6, items 5, 6, 11, 12, 13, 14, 15, 16, 22, 23) ====
+
 -- A record keeps the request of its first attempt (endpoint and exact body),
 -- and its charge id once set; both are frozen with the rest of its identity.
 ALTER TABLE billguard.billing_records ADD COLUMN stripe_endpoint text, ADD COLUMN request_body text;
@@ -109,7 +110,17 @@ UPDATE billguard.billing_records r
                  AS endpoint) s
  WHERE r.first_dispatched_at IS NOT NULL;
 
+-- The dispatcher reads and judges Stripe's answers in C++
+-- (common/stripe_response.cpp) and passes typed fields: no body is parsed in
+-- SQL any more.
+DROP FUNCTION billguard.record_charge_response(text, integer, integer, text, text, boolean, integer, interval);
+DROP FUNCTION billguard.record_search_result(text, integer, integer, text);
+DROP FUNCTION billguard.record_transport_error(text, integer, text, integer);
+DROP FUNCTION billguard.classify_stripe_response(integer, boolean, text, text);
+DROP FUNCTION billguard.json_or_null(text);
+DROP FUNCTION billguard.is_json(text);
 DROP FUNCTION billguard.claim_due_records(integer, interval, interval);
+
 CREATE FUNCTION billguard.claim_due_records(max_rows integer, lease interval,
                                             idempotency_window interval, endpoint text)
   RETURNS TABLE (idempotency_key text, attempt integer, action text, customer_id text,
@@ -164,6 +175,127 @@ BEGIN
   SELECT c.idempotency_key, c.attempts, c.action, c.customer_id, c.billing_period,
          c.stripe_endpoint, c.request_body
     FROM claimed c;
+END $$;
+
+CREATE FUNCTION billguard.record_charge_response(
+    key text, attempt integer, outcome text, http_status integer, charge_id text,
+    replayed boolean, request_id text, error_type text, error_code text, decline_code text,
+    message text, body_excerpt text, settle_delay interval, unsent_delay interval)
+  RETURNS text
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+DECLARE
+  rec    billguard.billing_records;
+  detail jsonb;
+BEGIN
+  rec := billguard.lock_attempt(key, attempt);
+  IF rec.idempotency_key IS NULL THEN
+    RETURN 'stale';
+  END IF;
+  detail := jsonb_strip_nulls(jsonb_build_object(
+    'http_status', nullif(http_status, 0), 'type', error_type, 'code', error_code,
+    'decline_code', decline_code, 'message', message, 'body', body_excerpt,
+    'request_id', request_id, 'attempt', attempt));
+
+  CASE outcome
+    WHEN 'completed' THEN
+      UPDATE billguard.billing_records r
+         SET status = 'completed', charge_id = record_charge_response.charge_id,
+             completed_at = now(), lease_expires_at = NULL, last_error = NULL, updated_at = now()
+       WHERE r.idempotency_key = key;
+      PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'BillingCompleted',
+        jsonb_strip_nulls(jsonb_build_object(
+          'charge_id', record_charge_response.charge_id, 'replayed', coalesce(replayed, false),
+          'http_status', http_status, 'attempt', attempt, 'request_id', request_id)));
+    WHEN 'paused' THEN
+      -- The key was refused before anything was charged: the attempt does
+      -- not count, and the record waits for a fixed key.
+      UPDATE billguard.billing_records r
+         SET status = 'pending', attempts = r.attempts - 1, next_attempt_at = now(),
+             lease_expires_at = NULL, updated_at = now()
+       WHERE r.idempotency_key = key;
+    WHEN 'not_sent' THEN
+      UPDATE billguard.billing_records r
+         SET status = 'pending', attempts = r.attempts - 1, next_attempt_at = now() + unsent_delay,
+             lease_expires_at = NULL, last_error = 'not sent: ' || message, updated_at = now()
+       WHERE r.idempotency_key = key;
+      PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'ChargeNotSent',
+        jsonb_build_object('attempt', attempt, 'message', message));
+    WHEN 'retry' THEN
+      UPDATE billguard.billing_records r
+         SET status = 'pending', next_attempt_at = now() + billguard.retry_delay(attempt),
+             lease_expires_at = NULL, last_error = billguard.error_text(detail), updated_at = now()
+       WHERE r.idempotency_key = key;
+      PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'BillingFailed',
+        detail || jsonb_build_object('terminal', false));
+    WHEN 'unknown' THEN
+      -- Search is eventually consistent: do not conclude "absent" before
+      -- the settle delay has passed.
+      UPDATE billguard.billing_records r
+         SET status = 'unknown', next_attempt_at = now() + settle_delay,
+             lease_expires_at = NULL, last_error = billguard.error_text(detail), updated_at = now()
+       WHERE r.idempotency_key = key;
+      PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'ChargeUnknown',
+        detail);
+    WHEN 'needs_review' THEN
+      UPDATE billguard.billing_records r
+         SET status = 'needs_review', lease_expires_at = NULL,
+             last_error = billguard.error_text(detail), updated_at = now()
+       WHERE r.idempotency_key = key;
+      PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'NeedsReview',
+        detail);
+    WHEN 'failed' THEN
+      UPDATE billguard.billing_records r
+         SET status = 'failed', lease_expires_at = NULL,
+             last_error = billguard.error_text(detail), updated_at = now()
+       WHERE r.idempotency_key = key;
+      PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'BillingFailed',
+        detail || jsonb_build_object('terminal', true));
+  END CASE;
+  RETURN 'recorded';
+END $$;
+
+CREATE FUNCTION billguard.record_search_result(
+    key text, attempt integer, outcome text, http_status integer, charge_id text,
+    request_id text, message text, unsent_delay interval)
+  RETURNS text
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+DECLARE
+  rec billguard.billing_records;
+BEGIN
+  rec := billguard.lock_attempt(key, attempt);
+  IF rec.idempotency_key IS NULL THEN
+    RETURN 'stale';
+  END IF;
+  CASE outcome
+    WHEN 'absent' THEN
+      NULL;
+    WHEN 'completed' THEN
+      UPDATE billguard.billing_records r
+         SET status = 'completed', charge_id = record_search_result.charge_id,
+             completed_at = now(), lease_expires_at = NULL, last_error = NULL, updated_at = now()
+       WHERE r.idempotency_key = key;
+      PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'ChargeReconciled',
+        jsonb_strip_nulls(jsonb_build_object(
+          'charge_id', record_search_result.charge_id, 'via', 'search', 'attempt', attempt,
+          'request_id', request_id)));
+    WHEN 'retry' THEN
+      -- We still do not know whether an earlier attempt charged: stay unknown.
+      UPDATE billguard.billing_records r
+         SET status = 'unknown', next_attempt_at = now() + billguard.retry_delay(attempt),
+             lease_expires_at = NULL, last_error = message, updated_at = now()
+       WHERE r.idempotency_key = key;
+    ELSE  -- paused, not_sent
+      UPDATE billguard.billing_records r
+         SET status = 'unknown', attempts = r.attempts - 1,
+             next_attempt_at = now() + CASE WHEN outcome = 'not_sent' THEN unsent_delay ELSE '0'::interval END,
+             lease_expires_at = NULL, updated_at = now()
+       WHERE r.idempotency_key = key;
+  END CASE;
+  RETURN 'recorded';
 END $$;
 
 CREATE OR REPLACE FUNCTION billguard.resolve_record(customer_id text, billing_period text, charge_id text)

@@ -5,7 +5,7 @@ set -euo pipefail
 packages=(
   postgresql-15 postgresql-server-dev-15 postgresql-15-pgtap
   libtap-parser-sourcehandler-pgtap-perl libipc-run-perl
-  libssl-dev libcurl4-openssl-dev libpqxx-dev
+  libssl-dev libcurl4-openssl-dev libpqxx-dev nlohmann-json3-dev
   g++ make clang-14 llvm-14 clang-format curl
 )
 missing=()

@@ -43,6 +43,10 @@ is($node->safe_psql('postgres', q{
 	SELECT count(*) FROM billguard.journal WHERE event_type = 'BillingCompleted'}), '1000',
 	'one BillingCompleted per record');
 is($node->safe_psql('postgres', q{
+	SELECT count(DISTINCT event ->> 'request_id') FROM billguard.journal
+	 WHERE event_type = 'BillingCompleted' AND event ->> 'request_id' ~ '^req_\w+$'}), '1000',
+	"every BillingCompleted carries its answer's own Request-Id");
+is($node->safe_psql('postgres', q{
 	SELECT count(*) FROM billguard.journal WHERE event_type = 'ChargeAttempted'}), '1000',
 	'one attempt per record');
 is($node->safe_psql('postgres', "SELECT billguard.entity_state('billing-cust_000007-2026-08') ->> 'status'"),

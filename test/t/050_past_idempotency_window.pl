@@ -82,7 +82,7 @@ ok(wait_for('the charge at the emulator', 15, sub { @{ succeeded_for_key($emulat
 my $blocked = '';
 ok(wait_for('the dispatcher blocked on the row lock', 15, sub { ($blocked = dispatcher_blocked_by($node, $lock->{pid})) ne '' }),
 	'found: the dispatcher is blocked on the row lock');
-like($blocked, qr/billguard\.record_transport_error\(/, 'found: blocked recording a transport error (no answer reached it)');
+like($blocked, qr/billguard\.record_charge_response\(/, 'found: blocked recording the transport error (no answer reached it)');
 $emulator->configure(latency_ms => 0);
 my $at_crash = $emulator->stats;
 is($at_crash->{faults_applied} - $before->{faults_applied}, 2, 'found: both drops took effect');
