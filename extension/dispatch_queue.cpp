@@ -60,7 +60,10 @@ SqlValue TextOrNull(const std::string& text) {
 }
 
 Recorded RecordedFrom(const std::vector<SqlRow>& rows) {
-  return SingleText(rows) == "stale" ? Recorded::kStale : Recorded::kRecorded;
+  const std::string recorded = SingleText(rows);
+  if (recorded == "stale") return Recorded::kStale;
+  if (recorded == "locked") return Recorded::kLocked;
+  return Recorded::kRecorded;
 }
 
 }  // namespace

@@ -22,8 +22,9 @@ struct ClaimedRecord {
 };
 
 // Whether an answer was recorded: kStale when the record has moved on (the
-// attempt's lease was taken over, an operator requeued it).
-enum class Recorded { kRecorded, kStale };
+// attempt's lease was taken over, an operator requeued it), kLocked when
+// another session holds its row (the dispatcher never waits for one).
+enum class Recorded { kRecorded, kStale, kLocked };
 
 // The version of billguard created in this database, empty when none is.
 std::string InstalledExtensionVersion();

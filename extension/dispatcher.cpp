@@ -52,26 +52,47 @@ void PublishStatus(bool paused, const std::string& reason, int in_flight, int64 
   SpinLockRelease(&shared->mutex);
 }
 
+// SIGTERM: stop at the next pass of the loop, and cancel whatever the worker
+// may be waiting in (a lock, a slow statement) as a query cancel would, so
+// that the pass comes at once. The transaction it cancels was going to be
+// lost anyway; what it would have recorded is re-sent with the same keys.
+void HandleSigterm(SIGNAL_ARGS) {
+  const int saved_errno = errno;
+  ShutdownRequestPending = true;
+  QueryCancelPending = true;
+  InterruptPending = true;
+  SetLatch(MyLatch);
+  errno = saved_errno;
+}
+
 class Dispatcher {
  public:
   Dispatcher() : http_(settings::request_timeout_ms), pacer_(settings::max_requests_per_second) {}
 
   void Run() {
-    LoadSettings();
-    WaitForExtension();
-    const long requeued = RequeueAbandoned();
-    if (requeued > 0) Log("re-sending " + std::to_string(requeued) + " records left dispatching");
-    Log("started");
-    while (!ShutdownRequestPending) {
-      if (ConfigReloadPending) Reload();
-      const auto now = Clock::now();
-      if (!paused_ && (maybe_due_ || now >= next_poll_)) ClaimIntoReadyQueue(now);
-      SendReady();
-      for (const HttpResponse& response : http_.Poll(in_flight_.empty() ? 0 : PollMilliseconds()))
-        Handle(response);
-      PublishStatus(paused_, pause_reason_, static_cast<int>(in_flight_.size()), sent_);
-      Wait();
+    pqsignal(SIGTERM, HandleSigterm);
+    try {
+      LoadSettings();
+      WaitForExtension();
+      const long requeued = RequeueAbandoned();
+      if (requeued > 0) Log("re-sending " + std::to_string(requeued) + " records left dispatching");
+      Log("started");
+      while (!ShutdownRequestPending) {
+        if (ConfigReloadPending) Reload();
+        const auto now = Clock::now();
+        if (!paused_ && (maybe_due_ || now >= next_poll_)) ClaimIntoReadyQueue(now);
+        SendReady();
+        for (const HttpResponse& response : http_.Poll(in_flight_.empty() ? 0 : PollMilliseconds()))
+          Handle(response);
+        RecordDeferred();
+        PublishStatus(paused_, pause_reason_, static_cast<int>(in_flight_.size()), sent_);
+        Wait();
+      }
+    } catch (const PostgresError&) {
+      // SIGTERM cancelled a statement or a wait (see HandleSigterm).
+      if (!ShutdownRequestPending) throw;
     }
+    QueryCancelPending = false;  // nothing left to cancel; the log line below must not
     Log("stopping with " + std::to_string(in_flight_.size()) +
         " requests in flight; they are re-sent with the same key at the next start");
     http_.AbortAll();
@@ -83,6 +104,12 @@ class Dispatcher {
   struct InFlight {
     ClaimedRecord claimed;
     bool searching = false;
+    bool deferred = false;  // its row was locked when its answer came
+  };
+  struct Deferred {
+    InFlight done;
+    HttpResponse response;
+    Clock::time_point retry_at;
   };
 
   // Any reload resumes a pause when the key file holds a key: a key Stripe
@@ -187,37 +214,64 @@ class Dispatcher {
     // Connections refused one after another mean Stripe (or the way to it)
     // is down: wait longer each time, up to a minute; any answer ends it.
     unsent_streak_ = response.status == 0 && !response.request_sent ? unsent_streak_ + 1 : 0;
-    const int unsent_delay_s = 1 << std::min(unsent_streak_, 6);
+    Record(std::move(done), response);
+  }
 
+  // Records one answer. One whose row another session holds locked waits
+  // in deferred_ and is recorded on a later pass.
+  void Record(InFlight done, const HttpResponse& response) {
+    const int unsent_delay_s = 1 << std::min(unsent_streak_, 6);
     Outcome outcome;
     Recorded recorded;
     if (done.searching) {
       const SearchAnswer answer = ReadSearchAnswer(response, done.claimed.idempotency_key);
       outcome = JudgeSearch(answer);
       recorded = RecordSearchResult(done.claimed, answer, outcome, unsent_delay_s);
-      if (recorded == Recorded::kRecorded && outcome == Outcome::kAbsent) {
-        // Not found: send the charge next, same key, paced like any request.
-        done.claimed.search_first = false;
-        ready_.push_front(std::move(done.claimed));
-        return;
-      }
     } else {
       ChargeAnswer answer = ReadChargeAnswer(response);
       outcome = JudgeCharge(answer, done.claimed.attempt, settings::max_attempts);
       recorded = RecordChargeResponse(done.claimed, answer, outcome, unsent_delay_s);
     }
+    const std::string who = done.claimed.customer_id + "/" + done.claimed.billing_period;
     if (recorded == Recorded::kStale) return;
+    if (recorded == Recorded::kLocked) {
+      if (!done.deferred) {
+        Log(who + ": another session holds its row lock; its answer is recorded once it is free");
+      }
+      done.deferred = true;
+      deferred_.push_back({std::move(done), response, Clock::now() + std::chrono::seconds(1)});
+      return;
+    }
+    if (outcome == Outcome::kAbsent) {
+      // Not found: send the charge next, same key, paced like any request.
+      done.claimed.search_first = false;
+      ready_.push_front(std::move(done.claimed));
+      return;
+    }
 
     if (response.status == 429) pacer_.SlowDown(Clock::now());
     if (outcome == Outcome::kPaused) {
       Pause("Stripe refused the API key (HTTP " + std::to_string(response.status) + ")");
     } else if (outcome == Outcome::kFailed || outcome == Outcome::kNeedsReview ||
                outcome == Outcome::kUnknown) {
-      Log(done.claimed.customer_id + "/" + done.claimed.billing_period + " is " +
-          OutcomeName(outcome) + " after HTTP " + std::to_string(response.status) +
+      Log(who + " is " + OutcomeName(outcome) + " after HTTP " + std::to_string(response.status) +
           (response.status == 0 ? " (" + PrintableExcerpt(response.transport_error, 200) + ")"
                                 : ""));
     }
+  }
+
+  void RecordDeferred() {
+    const auto now = Clock::now();
+    std::vector<Deferred> due;
+    for (auto it = deferred_.begin(); it != deferred_.end();) {
+      if (it->retry_at > now) {
+        ++it;
+        continue;
+      }
+      due.push_back(std::move(*it));
+      it = deferred_.erase(it);
+    }
+    for (Deferred& d : due) Record(std::move(d.done), d.response);
   }
 
   int PollMilliseconds() const {
@@ -268,6 +322,7 @@ class Dispatcher {
   Clock::time_point next_poll_{};
   std::deque<ClaimedRecord> ready_;  // claimed, waiting for their paced start
   std::unordered_map<std::uint64_t, InFlight> in_flight_;
+  std::vector<Deferred> deferred_;  // answers whose row was locked
   std::uint64_t next_tag_ = 1;
   int64 sent_ = 0;
   int unsent_streak_ = 0;  // requests in a row that never left

@@ -117,8 +117,18 @@ std::vector<SqlRow> ExecuteInTransaction(const char* sql, const std::vector<SqlV
     if (!params[i]) nulls[i] = 'n';
   }
 
-  CopiedResult result =
-      CallPostgres([&] { return RunStatement(sql, nparams, values, nulls.c_str()); });
+  CopiedResult result;
+  try {
+    result = CallPostgres([&] { return RunStatement(sql, nparams, values, nulls.c_str()); });
+  } catch (const PostgresError&) {
+    // The error is the caller's to judge (a cancel at SIGTERM ends the
+    // worker cleanly): leave no transaction behind.
+    CallPostgres([] {
+      AbortCurrentTransaction();
+      pgstat_report_activity(STATE_IDLE, nullptr);
+    });
+    throw;
+  }
 
   std::vector<SqlRow> rows;
   rows.reserve(result.rows);

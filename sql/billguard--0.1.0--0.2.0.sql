@@ -177,6 +177,32 @@ BEGIN
     FROM claimed c;
 END $$;
 
+-- The dispatcher never waits for a row another session holds (SKIP LOCKED),
+-- and finds a row by its primary key alone.
+CREATE OR REPLACE FUNCTION billguard.lock_attempt(key text, attempt integer)
+  RETURNS billguard.billing_records
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+DECLARE
+  rec billguard.billing_records;
+BEGIN
+  SELECT * INTO rec FROM billguard.billing_records r WHERE r.idempotency_key = key
+     FOR UPDATE SKIP LOCKED;
+  IF rec.status IS DISTINCT FROM 'dispatching' OR rec.attempts IS DISTINCT FROM attempt THEN
+    RETURN NULL;
+  END IF;
+  RETURN rec;
+END $$;
+
+CREATE FUNCTION billguard.missed_attempt(key text, attempt integer)
+  RETURNS text
+  LANGUAGE sql
+  SET search_path = pg_catalog, pg_temp
+  RETURN CASE WHEN (SELECT r.status = 'dispatching' AND r.attempts = attempt
+                      FROM billguard.billing_records r WHERE r.idempotency_key = key)
+              THEN 'locked' ELSE 'stale' END;
+
 CREATE FUNCTION billguard.record_charge_response(
     key text, attempt integer, outcome text, http_status integer, charge_id text,
     replayed boolean, request_id text, error_type text, error_code text, decline_code text,
@@ -191,7 +217,7 @@ DECLARE
 BEGIN
   rec := billguard.lock_attempt(key, attempt);
   IF rec.idempotency_key IS NULL THEN
-    RETURN 'stale';
+    RETURN billguard.missed_attempt(key, attempt);
   END IF;
   detail := jsonb_strip_nulls(jsonb_build_object(
     'http_status', nullif(http_status, 0), 'type', error_type, 'code', error_code,
@@ -268,7 +294,7 @@ DECLARE
 BEGIN
   rec := billguard.lock_attempt(key, attempt);
   IF rec.idempotency_key IS NULL THEN
-    RETURN 'stale';
+    RETURN billguard.missed_attempt(key, attempt);
   END IF;
   CASE outcome
     WHEN 'absent' THEN
@@ -296,6 +322,26 @@ BEGIN
        WHERE r.idempotency_key = key;
   END CASE;
   RETURN 'recorded';
+END $$;
+
+CREATE OR REPLACE FUNCTION billguard.release_claim(key text, attempt integer, search boolean)
+  RETURNS text
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+DECLARE
+  rec billguard.billing_records;
+BEGIN
+  rec := billguard.lock_attempt(key, attempt);
+  IF rec.idempotency_key IS NULL THEN
+    RETURN billguard.missed_attempt(key, attempt);
+  END IF;
+  UPDATE billguard.billing_records r
+     SET status = CASE WHEN search THEN 'unknown' ELSE 'pending' END,
+         attempts = r.attempts - 1, next_attempt_at = now(), lease_expires_at = NULL,
+         updated_at = now()
+   WHERE r.idempotency_key = key;
+  RETURN 'released';
 END $$;
 
 CREATE OR REPLACE FUNCTION billguard.resolve_record(customer_id text, billing_period text, charge_id text)

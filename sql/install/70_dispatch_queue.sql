@@ -121,8 +121,11 @@ BEGIN
 END $$;
 
 -- The record of one dispatch attempt, locked, or NULL when the record has
--- moved on (its lease was taken over, an operator requeued it): a late
--- answer to an old attempt must not overwrite a newer state.
+-- moved on (its lease was taken over, an operator requeued it: a late
+-- answer to an old attempt must not overwrite a newer state) or when another
+-- session holds its row lock: the dispatcher never waits for a row, so one
+-- held lock cannot halt all billing (see missed_attempt). The row is found
+-- by its primary key alone, the one plan whatever the statistics say.
 CREATE FUNCTION billguard.lock_attempt(key text, attempt integer)
   RETURNS billguard.billing_records
   LANGUAGE plpgsql
@@ -131,11 +134,25 @@ CREATE FUNCTION billguard.lock_attempt(key text, attempt integer)
 DECLARE
   rec billguard.billing_records;
 BEGIN
-  SELECT * INTO rec FROM billguard.billing_records r
-   WHERE r.idempotency_key = key AND r.status = 'dispatching' AND r.attempts = attempt
-     FOR UPDATE;
+  SELECT * INTO rec FROM billguard.billing_records r WHERE r.idempotency_key = key
+     FOR UPDATE SKIP LOCKED;
+  IF rec.status IS DISTINCT FROM 'dispatching' OR rec.attempts IS DISTINCT FROM attempt THEN
+    RETURN NULL;
+  END IF;
   RETURN rec;
 END $$;
+
+-- Why lock_attempt found nothing: 'locked' when the attempt is still the
+-- record's and another session holds its row (the dispatcher records the
+-- answer on a later pass; if the lease runs out first, the record is re-sent
+-- with its key and Stripe replays it), else 'stale'.
+CREATE FUNCTION billguard.missed_attempt(key text, attempt integer)
+  RETURNS text
+  LANGUAGE sql
+  SET search_path = pg_catalog, pg_temp
+  RETURN CASE WHEN (SELECT r.status = 'dispatching' AND r.attempts = attempt
+                      FROM billguard.billing_records r WHERE r.idempotency_key = key)
+              THEN 'locked' ELSE 'stale' END;
 
 -- One line for billing_records.last_error, e.g.
 -- "402 card_error/card_declined: Your card was declined."
@@ -159,7 +176,8 @@ CREATE FUNCTION billguard.error_text(detail jsonb) RETURNS text
 --                 unsent_delay                             ChargeNotSent
 -- Every event carries Stripe's Request-Id of the answer, what Stripe support
 -- asks for. Returns 'recorded', or 'stale' when the record is no longer
--- this attempt's (its lease was taken over, an operator requeued it).
+-- this attempt's (its lease was taken over, an operator requeued it), or
+-- 'locked' when another session holds its row (see missed_attempt).
 CREATE FUNCTION billguard.record_charge_response(
     key text, attempt integer, outcome text, http_status integer, charge_id text,
     replayed boolean, request_id text, error_type text, error_code text, decline_code text,
@@ -174,7 +192,7 @@ DECLARE
 BEGIN
   rec := billguard.lock_attempt(key, attempt);
   IF rec.idempotency_key IS NULL THEN
-    RETURN 'stale';
+    RETURN billguard.missed_attempt(key, attempt);
   END IF;
   detail := jsonb_strip_nulls(jsonb_build_object(
     'http_status', nullif(http_status, 0), 'type', error_type, 'code', error_code,
@@ -247,7 +265,7 @@ END $$;
 --   retry      the search told nothing: unknown, again after retry_delay
 --   paused     the API key was refused: unknown, not counted
 --   not_sent   never left: unknown, not counted, again after unsent_delay
--- Returns 'recorded' or 'stale'.
+-- Returns 'recorded', 'stale' or 'locked'.
 CREATE FUNCTION billguard.record_search_result(
     key text, attempt integer, outcome text, http_status integer, charge_id text,
     request_id text, message text, unsent_delay interval)
@@ -260,7 +278,7 @@ DECLARE
 BEGIN
   rec := billguard.lock_attempt(key, attempt);
   IF rec.idempotency_key IS NULL THEN
-    RETURN 'stale';
+    RETURN billguard.missed_attempt(key, attempt);
   END IF;
   CASE outcome
     WHEN 'absent' THEN
@@ -303,7 +321,7 @@ DECLARE
 BEGIN
   rec := billguard.lock_attempt(key, attempt);
   IF rec.idempotency_key IS NULL THEN
-    RETURN 'stale';
+    RETURN billguard.missed_attempt(key, attempt);
   END IF;
   UPDATE billguard.billing_records r
      SET status = CASE WHEN search THEN 'unknown' ELSE 'pending' END,
