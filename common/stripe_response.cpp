@@ -183,6 +183,8 @@ const char* OutcomeName(Outcome outcome) {
       return "failed";
     case Outcome::kRetry:
       return "retry";
+    case Outcome::kThrottled:
+      return "throttled";
     case Outcome::kUnknown:
       return "unknown";
     case Outcome::kNeedsReview:
@@ -255,21 +257,17 @@ Outcome JudgeCharge(ChargeAnswer& answer, int attempt, int max_attempts) {
   if (answer.error_type == "idempotency_error" && answer.error_code != "idempotency_key_in_use")
     return Outcome::kNeedsReview;
 
-  Outcome outcome;
-  if (answer.should_retry == true) {
-    outcome = Outcome::kRetry;
-  } else if (status == 500) {
-    return Outcome::kUnknown;
-  } else if (answer.should_retry == false) {
-    return IsClientError(status) ? Outcome::kFailed : Outcome::kNeedsReview;
-  } else if (status == 0 || status == 409 || status == 429 || status >= 500) {
-    outcome = Outcome::kRetry;
-  } else {
-    return IsClientError(status) ? Outcome::kFailed : Outcome::kNeedsReview;
+  if (answer.should_retry != true) {
+    if (status == 500) return Outcome::kUnknown;
+    if (answer.should_retry == false ||
+        (status != 0 && status < 500 && status != 409 && status != 429)) {
+      return IsClientError(status) ? Outcome::kFailed : Outcome::kNeedsReview;
+    }
   }
   // Rate limits and a key still in use say nothing about the charge: they
   // never exhaust the attempts.
-  if (attempt < max_attempts || status == 409 || status == 429) return outcome;
+  if (status == 409 || status == 429) return Outcome::kThrottled;
+  if (attempt < max_attempts) return Outcome::kRetry;
   answer.message += std::string(answer.message.empty() ? "" : " ") +
                     "(attempts exhausted, outcome unknown: reconcile before retrying)";
   return IsClientError(status) ? Outcome::kFailed : Outcome::kNeedsReview;

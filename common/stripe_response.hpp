@@ -18,7 +18,8 @@ namespace billguard {
 enum class Outcome {
   kCompleted,    // charged, or being charged (processing, pending)
   kFailed,       // definitively not charged: a decline, an invalid request
-  kRetry,        // try again later with the same key
+  kRetry,        // try again later with the same key; counts towards max_attempts
+  kThrottled,    // a 429 or a key still in use (409): again soon, never exhausts
   kUnknown,      // Stripe cached an indeterminate result (a 500): search first
   kNeedsReview,  // a person must look: an idempotency conflict, an answer that
                  // cannot be read, an indeterminate outcome past max_attempts

@@ -69,25 +69,25 @@ Recorded RecordedFrom(const std::vector<SqlRow>& rows) {
 }  // namespace
 
 Recorded RecordChargeResponse(const ClaimedRecord& claimed, const ChargeAnswer& answer,
-                              Outcome outcome, int unsent_delay_s) {
+                              Outcome outcome) {
   return RecordedFrom(ExecuteInTransaction(
       "SELECT billguard.record_charge_response($1, $2::int, $3, $4::int, $5, $6::boolean, $7, "
-      "$8, $9, $10, $11, $12, $13::interval, $14::interval)",
+      "$8, $9, $10, $11, $12, $13::interval)",
       {claimed.idempotency_key, std::to_string(claimed.attempt), OutcomeName(outcome),
        std::to_string(answer.http_status), TextOrNull(answer.object_id),
        answer.replayed ? "true" : "false", TextOrNull(answer.request_id),
        TextOrNull(answer.error_type), TextOrNull(answer.error_code),
        TextOrNull(answer.decline_code), TextOrNull(answer.message), TextOrNull(answer.body_excerpt),
-       Seconds(settings::search_settle_delay_s), Seconds(unsent_delay_s)}));
+       Seconds(settings::search_settle_delay_s)}));
 }
 
 Recorded RecordSearchResult(const ClaimedRecord& claimed, const SearchAnswer& answer,
-                            Outcome outcome, int unsent_delay_s) {
+                            Outcome outcome) {
   return RecordedFrom(ExecuteInTransaction(
-      "SELECT billguard.record_search_result($1, $2::int, $3, $4::int, $5, $6, $7, $8::interval)",
+      "SELECT billguard.record_search_result($1, $2::int, $3, $4::int, $5, $6, $7)",
       {claimed.idempotency_key, std::to_string(claimed.attempt), OutcomeName(outcome),
        std::to_string(answer.http_status), TextOrNull(answer.found_id),
-       TextOrNull(answer.request_id), TextOrNull(answer.message), Seconds(unsent_delay_s)}));
+       TextOrNull(answer.request_id), TextOrNull(answer.message)}));
 }
 
 void ReleaseClaim(const ClaimedRecord& claimed) {

@@ -30,12 +30,11 @@ enum class Recorded { kRecorded, kStale, kLocked };
 std::string InstalledExtensionVersion();
 long RequeueAbandoned();
 std::vector<ClaimedRecord> ClaimDueRecords(int max_rows);
-// Records a judged answer; unsent_delay_s is how long a request that never
-// left waits before it is tried again.
+// Record a judged answer.
 Recorded RecordChargeResponse(const ClaimedRecord& claimed, const ChargeAnswer& answer,
-                              Outcome outcome, int unsent_delay_s);
+                              Outcome outcome);
 Recorded RecordSearchResult(const ClaimedRecord& claimed, const SearchAnswer& answer,
-                            Outcome outcome, int unsent_delay_s);
+                            Outcome outcome);
 // Gives back a claimed record that was never sent.
 void ReleaseClaim(const ClaimedRecord& claimed);
 

@@ -80,7 +80,8 @@ class Dispatcher {
       while (!ShutdownRequestPending) {
         if (ConfigReloadPending) Reload();
         const auto now = Clock::now();
-        if (!paused_ && (maybe_due_ || now >= next_poll_)) ClaimIntoReadyQueue(now);
+        if (!paused_ && now >= unreachable_until_ && (maybe_due_ || now >= next_poll_))
+          ClaimIntoReadyQueue(now);
         SendReady();
         for (const HttpResponse& response : http_.Poll(in_flight_.empty() ? 0 : PollMilliseconds()))
           Handle(response);
@@ -133,6 +134,7 @@ class Dispatcher {
     ConfigReloadPending = false;
     CallPostgres([] { ProcessConfigFile(PGC_SIGHUP); });
     LoadSettings();
+    unreachable_until_ = {};  // a new api_base, say: try at once
   }
 
   void Pause(const std::string& reason) {
@@ -185,7 +187,7 @@ class Dispatcher {
   void SendReady() {
     while (!ready_.empty() && !paused_) {
       const auto now = Clock::now();
-      if (!pacer_.Ready(now)) return;
+      if (!pacer_.Ready(now) || now < unreachable_until_) return;
       pacer_.Take(now);
       ClaimedRecord claimed = std::move(ready_.front());
       ready_.pop_front();
@@ -211,26 +213,43 @@ class Dispatcher {
     if (found == in_flight_.end()) return;
     InFlight done = std::move(found->second);
     in_flight_.erase(found);
-    // Connections refused one after another mean Stripe (or the way to it)
-    // is down: wait longer each time, up to a minute; any answer ends it.
-    unsent_streak_ = response.status == 0 && !response.request_sent ? unsent_streak_ + 1 : 0;
     Record(std::move(done), response);
+    if (response.status == 0 && !response.request_sent) {
+      HoldOffUnreachable(response.transport_error);
+    } else if (response.status != 0) {
+      unreachable_streak_ = 0;
+    }
+  }
+
+  // A request that provably never left (connection refused, name not
+  // resolved) means Stripe, or the way to it, is down: hold off claims and
+  // sends, 1 s doubling up to 30 s, rather than spin through the queue.
+  // Such attempts do not count, so an outage costs no attempt; any HTTP
+  // answer or a reload ends it.
+  void HoldOffUnreachable(const std::string& why) {
+    const auto now = Clock::now();
+    if (now < unreachable_until_) return;
+    const int seconds = std::min(1 << std::min(unreachable_streak_++, 5), 30);
+    unreachable_until_ = now + std::chrono::seconds(seconds);
+    for (const ClaimedRecord& claimed : ready_) ReleaseClaim(claimed);
+    ready_.clear();
+    Log("Stripe is unreachable (" + PrintableExcerpt(why, 200) + "), nothing was sent; trying " +
+        "again in " + std::to_string(seconds) + " s");
   }
 
   // Records one answer. One whose row another session holds locked waits
   // in deferred_ and is recorded on a later pass.
   void Record(InFlight done, const HttpResponse& response) {
-    const int unsent_delay_s = 1 << std::min(unsent_streak_, 6);
     Outcome outcome;
     Recorded recorded;
     if (done.searching) {
       const SearchAnswer answer = ReadSearchAnswer(response, done.claimed.idempotency_key);
       outcome = JudgeSearch(answer);
-      recorded = RecordSearchResult(done.claimed, answer, outcome, unsent_delay_s);
+      recorded = RecordSearchResult(done.claimed, answer, outcome);
     } else {
       ChargeAnswer answer = ReadChargeAnswer(response);
       outcome = JudgeCharge(answer, done.claimed.attempt, settings::max_attempts);
-      recorded = RecordChargeResponse(done.claimed, answer, outcome, unsent_delay_s);
+      recorded = RecordChargeResponse(done.claimed, answer, outcome);
     }
     const std::string who = done.claimed.customer_id + "/" + done.claimed.billing_period;
     if (recorded == Recorded::kStale) return;
@@ -290,6 +309,9 @@ class Dispatcher {
       const auto now = Clock::now();
       if (paused_) {
         timeout_ms = settings::poll_interval_ms;
+      } else if (now < unreachable_until_) {
+        timeout_ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(unreachable_until_ - now).count();
       } else if (!ready_.empty()) {
         timeout_ms =
             std::chrono::duration_cast<std::chrono::milliseconds>(pacer_.UntilNext(now)).count();
@@ -325,7 +347,8 @@ class Dispatcher {
   std::vector<Deferred> deferred_;  // answers whose row was locked
   std::uint64_t next_tag_ = 1;
   int64 sent_ = 0;
-  int unsent_streak_ = 0;  // requests in a row that never left
+  Clock::time_point unreachable_until_{};  // see HoldOffUnreachable
+  int unreachable_streak_ = 0;
 };
 
 }  // namespace

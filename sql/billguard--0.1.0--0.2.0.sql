@@ -136,7 +136,7 @@ BEGIN
   PERFORM set_config('synchronous_commit', 'on', true);
   RETURN QUERY
   WITH due AS (
-    SELECT r.idempotency_key, r.status, r.first_dispatched_at
+    SELECT r.idempotency_key, r.status, r.created_at, r.first_dispatched_at
       FROM billguard.billing_records r
      WHERE r.status IN ('pending', 'dispatching', 'unknown') AND r.next_attempt_at <= now()
      ORDER BY r.next_attempt_at
@@ -160,7 +160,7 @@ BEGIN
     RETURNING r.idempotency_key, r.attempts, r.customer_id, r.billing_period,
               r.stripe_endpoint, r.request_body,
               CASE WHEN due.status = 'unknown'
-                     OR due.first_dispatched_at < now() - idempotency_window
+                     OR least(due.created_at, due.first_dispatched_at) < now() - idempotency_window
                    THEN 'search' ELSE 'charge' END AS action
   ), journaled AS (
     INSERT INTO billguard.journal (persistence_id, seq_nr, customer_id, event_type, event)
@@ -206,7 +206,7 @@ CREATE FUNCTION billguard.missed_attempt(key text, attempt integer)
 CREATE FUNCTION billguard.record_charge_response(
     key text, attempt integer, outcome text, http_status integer, charge_id text,
     replayed boolean, request_id text, error_type text, error_code text, decline_code text,
-    message text, body_excerpt text, settle_delay interval, unsent_delay interval)
+    message text, body_excerpt text, settle_delay interval)
   RETURNS text
   LANGUAGE plpgsql
   SET search_path = pg_catalog, pg_temp
@@ -243,14 +243,17 @@ BEGIN
        WHERE r.idempotency_key = key;
     WHEN 'not_sent' THEN
       UPDATE billguard.billing_records r
-         SET status = 'pending', attempts = r.attempts - 1, next_attempt_at = now() + unsent_delay,
+         SET status = 'pending', attempts = r.attempts - 1, next_attempt_at = now(),
              lease_expires_at = NULL, last_error = 'not sent: ' || message, updated_at = now()
        WHERE r.idempotency_key = key;
       PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'ChargeNotSent',
         jsonb_build_object('attempt', attempt, 'message', message));
-    WHEN 'retry' THEN
+    WHEN 'retry', 'throttled' THEN
+      -- A rate limit or a key still in use backs off a minute at most.
       UPDATE billguard.billing_records r
-         SET status = 'pending', next_attempt_at = now() + billguard.retry_delay(attempt),
+         SET status = 'pending',
+             next_attempt_at = now() + billguard.retry_delay(attempt,
+                                 CASE WHEN outcome = 'throttled' THEN 60 ELSE 900 END),
              lease_expires_at = NULL, last_error = billguard.error_text(detail), updated_at = now()
        WHERE r.idempotency_key = key;
       PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'BillingFailed',
@@ -284,7 +287,7 @@ END $$;
 
 CREATE FUNCTION billguard.record_search_result(
     key text, attempt integer, outcome text, http_status integer, charge_id text,
-    request_id text, message text, unsent_delay interval)
+    request_id text, message text)
   RETURNS text
   LANGUAGE plpgsql
   SET search_path = pg_catalog, pg_temp
@@ -314,10 +317,9 @@ BEGIN
          SET status = 'unknown', next_attempt_at = now() + billguard.retry_delay(attempt),
              lease_expires_at = NULL, last_error = message, updated_at = now()
        WHERE r.idempotency_key = key;
-    ELSE  -- paused, not_sent
+    WHEN 'paused', 'not_sent' THEN
       UPDATE billguard.billing_records r
-         SET status = 'unknown', attempts = r.attempts - 1,
-             next_attempt_at = now() + CASE WHEN outcome = 'not_sent' THEN unsent_delay ELSE '0'::interval END,
+         SET status = 'unknown', attempts = r.attempts - 1, next_attempt_at = now(),
              lease_expires_at = NULL, updated_at = now()
        WHERE r.idempotency_key = key;
   END CASE;
@@ -342,6 +344,70 @@ BEGIN
          updated_at = now()
    WHERE r.idempotency_key = key;
   RETURN 'released';
+END $$;
+
+-- A Stripe outage of minutes must cost nothing but time: backoff grows to
+-- 15 minutes (max_attempts now defaults to 20: hours of retries), and
+-- operators requeue a period's failed or needs_review records at once.
+CREATE OR REPLACE FUNCTION billguard.retry_delay(attempt integer, cap_seconds double precision DEFAULT 900)
+  RETURNS interval
+  LANGUAGE plpgsql VOLATILE
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+BEGIN
+  RETURN make_interval(secs => least(0.5 * power(2, least(greatest(attempt - 1, 0), 30)), cap_seconds)
+                               * (0.5 + random() / 2));
+END $$;
+
+CREATE FUNCTION billguard.requeue_record(rec billguard.billing_records) RETURNS void
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+BEGIN
+  UPDATE billguard.billing_records r
+     SET status = 'pending', attempts = 0, next_attempt_at = now(), updated_at = now()
+   WHERE r.idempotency_key = rec.idempotency_key;
+  PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'RecordRequeued',
+    jsonb_build_object('previous_status', rec.status, 'last_error', rec.last_error,
+                       'by', session_user));
+END $$;
+
+CREATE OR REPLACE FUNCTION billguard.retry_record(customer_id text, billing_period text)
+  RETURNS text
+  LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  PERFORM billguard.requeue_record(
+    billguard.record_for_operator(retry_record.customer_id, retry_record.billing_period,
+                                  ARRAY['failed', 'needs_review'], 'retried'));
+  PERFORM billguard.wake_dispatcher();
+  RETURN 'pending';
+END $$;
+
+CREATE FUNCTION billguard.retry_period(billing_period text, status text)
+  RETURNS bigint
+  LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  rec billguard.billing_records;
+  n   bigint := 0;
+BEGIN
+  PERFORM billguard.check_billing_period(retry_period.billing_period);
+  IF retry_period.status IS NULL OR retry_period.status NOT IN ('failed', 'needs_review') THEN
+    RAISE EXCEPTION 'retry_period requeues failed or needs_review records, not %',
+                    coalesce(quote_literal(left(retry_period.status, 40)), 'NULL')
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  FOR rec IN SELECT * FROM billguard.billing_records r
+              WHERE r.billing_period = retry_period.billing_period AND r.status = retry_period.status
+              ORDER BY r.idempotency_key
+                FOR UPDATE
+  LOOP
+    PERFORM billguard.requeue_record(rec);
+    n := n + 1;
+  END LOOP;
+  IF n > 0 THEN
+    PERFORM billguard.wake_dispatcher();
+  END IF;
+  RETURN n;
 END $$;
 
 CREATE OR REPLACE FUNCTION billguard.resolve_record(customer_id text, billing_period text, charge_id text)

@@ -19,15 +19,18 @@ BEGIN
           append_billing_event.customer_id, append_billing_event.event_type, append_billing_event.event);
 END $$;
 
--- Exponential backoff with jitter, as Stripe's clients do: 0.5 s doubling,
--- capped, scaled by a random factor in [0.5, 1).
-CREATE FUNCTION billguard.retry_delay(attempt integer, cap_seconds double precision DEFAULT 60)
+-- Exponential backoff with jitter: 0.5 s doubling, as Stripe's clients
+-- start, up to cap_seconds (15 minutes), scaled by a random factor in
+-- [0.5, 1). With the default 20 attempts an indeterminate outcome is retried
+-- for one to two and a half hours before it needs review, so a Stripe
+-- outage of minutes costs nothing but time.
+CREATE FUNCTION billguard.retry_delay(attempt integer, cap_seconds double precision DEFAULT 900)
   RETURNS interval
   LANGUAGE plpgsql VOLATILE
   SET search_path = pg_catalog, pg_temp
   AS $$
 BEGIN
-  RETURN make_interval(secs => least(0.5 * power(2, greatest(attempt - 1, 0)), cap_seconds)
+  RETURN make_interval(secs => least(0.5 * power(2, least(greatest(attempt - 1, 0), 30)), cap_seconds)
                                * (0.5 + random() / 2));
 END $$;
 
@@ -62,8 +65,11 @@ CREATE FUNCTION billguard.charge_request_body(endpoint text, idempotency_key tex
 -- good: `endpoint` and the body built for it. action says what to send:
 --   'charge'  POST the stored body to the stored endpoint with the key;
 --   'search'  look the charge up first: the outcome of an earlier attempt
---             is unknown (a cached 500), or the first dispatch is older than
---             idempotency_window, so Stripe may have pruned the key.
+--             is unknown (a cached 500), or the record was claimed (created)
+--             longer than idempotency_window ago, so Stripe may have pruned
+--             the key of a request the record no longer knows it sent (a
+--             backup restored from between that request and its recording
+--             has no first_dispatched_at).
 CREATE FUNCTION billguard.claim_due_records(max_rows integer, lease interval,
                                             idempotency_window interval, endpoint text)
   RETURNS TABLE (idempotency_key text, attempt integer, action text, customer_id text,
@@ -79,7 +85,7 @@ BEGIN
   PERFORM set_config('synchronous_commit', 'on', true);
   RETURN QUERY
   WITH due AS (
-    SELECT r.idempotency_key, r.status, r.first_dispatched_at
+    SELECT r.idempotency_key, r.status, r.created_at, r.first_dispatched_at
       FROM billguard.billing_records r
      WHERE r.status IN ('pending', 'dispatching', 'unknown') AND r.next_attempt_at <= now()
      ORDER BY r.next_attempt_at
@@ -103,7 +109,7 @@ BEGIN
     RETURNING r.idempotency_key, r.attempts, r.customer_id, r.billing_period,
               r.stripe_endpoint, r.request_body,
               CASE WHEN due.status = 'unknown'
-                     OR due.first_dispatched_at < now() - idempotency_window
+                     OR least(due.created_at, due.first_dispatched_at) < now() - idempotency_window
                    THEN 'search' ELSE 'charge' END AS action
   ), journaled AS (
     INSERT INTO billguard.journal (persistence_id, seq_nr, customer_id, event_type, event)
@@ -169,11 +175,13 @@ CREATE FUNCTION billguard.error_text(detail jsonb) RETURNS text
 --   completed     charged: charge_id                      BillingCompleted
 --   failed        not charged (a decline, a 4xx)           BillingFailed, terminal
 --   retry         again after retry_delay(attempt)         BillingFailed, not terminal
+--   throttled     a 429 or 409: the same, backoff capped at a minute
 --   unknown       a cached 500: search after settle_delay  ChargeUnknown
 --   needs_review  a person must look; never re-sent        NeedsReview
 --   paused        the API key was refused: not counted     -
---   not_sent      never left: not counted, again after
---                 unsent_delay                             ChargeNotSent
+--   not_sent      never left: not counted, due again (the
+--                 dispatcher holds off while Stripe is
+--                 unreachable)                             ChargeNotSent
 -- Every event carries Stripe's Request-Id of the answer, what Stripe support
 -- asks for. Returns 'recorded', or 'stale' when the record is no longer
 -- this attempt's (its lease was taken over, an operator requeued it), or
@@ -181,7 +189,7 @@ CREATE FUNCTION billguard.error_text(detail jsonb) RETURNS text
 CREATE FUNCTION billguard.record_charge_response(
     key text, attempt integer, outcome text, http_status integer, charge_id text,
     replayed boolean, request_id text, error_type text, error_code text, decline_code text,
-    message text, body_excerpt text, settle_delay interval, unsent_delay interval)
+    message text, body_excerpt text, settle_delay interval)
   RETURNS text
   LANGUAGE plpgsql
   SET search_path = pg_catalog, pg_temp
@@ -218,14 +226,17 @@ BEGIN
        WHERE r.idempotency_key = key;
     WHEN 'not_sent' THEN
       UPDATE billguard.billing_records r
-         SET status = 'pending', attempts = r.attempts - 1, next_attempt_at = now() + unsent_delay,
+         SET status = 'pending', attempts = r.attempts - 1, next_attempt_at = now(),
              lease_expires_at = NULL, last_error = 'not sent: ' || message, updated_at = now()
        WHERE r.idempotency_key = key;
       PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'ChargeNotSent',
         jsonb_build_object('attempt', attempt, 'message', message));
-    WHEN 'retry' THEN
+    WHEN 'retry', 'throttled' THEN
+      -- A rate limit or a key still in use backs off a minute at most.
       UPDATE billguard.billing_records r
-         SET status = 'pending', next_attempt_at = now() + billguard.retry_delay(attempt),
+         SET status = 'pending',
+             next_attempt_at = now() + billguard.retry_delay(attempt,
+                                 CASE WHEN outcome = 'throttled' THEN 60 ELSE 900 END),
              lease_expires_at = NULL, last_error = billguard.error_text(detail), updated_at = now()
        WHERE r.idempotency_key = key;
       PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'BillingFailed',
@@ -264,11 +275,11 @@ END $$;
 --              now with the same key and lease
 --   retry      the search told nothing: unknown, again after retry_delay
 --   paused     the API key was refused: unknown, not counted
---   not_sent   never left: unknown, not counted, again after unsent_delay
+--   not_sent   never left: the same
 -- Returns 'recorded', 'stale' or 'locked'.
 CREATE FUNCTION billguard.record_search_result(
     key text, attempt integer, outcome text, http_status integer, charge_id text,
-    request_id text, message text, unsent_delay interval)
+    request_id text, message text)
   RETURNS text
   LANGUAGE plpgsql
   SET search_path = pg_catalog, pg_temp
@@ -298,10 +309,9 @@ BEGIN
          SET status = 'unknown', next_attempt_at = now() + billguard.retry_delay(attempt),
              lease_expires_at = NULL, last_error = message, updated_at = now()
        WHERE r.idempotency_key = key;
-    ELSE  -- paused, not_sent
+    WHEN 'paused', 'not_sent' THEN
       UPDATE billguard.billing_records r
-         SET status = 'unknown', attempts = r.attempts - 1,
-             next_attempt_at = now() + CASE WHEN outcome = 'not_sent' THEN unsent_delay ELSE '0'::interval END,
+         SET status = 'unknown', attempts = r.attempts - 1, next_attempt_at = now(),
              lease_expires_at = NULL, updated_at = now()
        WHERE r.idempotency_key = key;
   END CASE;

@@ -25,7 +25,7 @@
 --  retry_record / resolve_record  allowed statuses, 22023 / P0002
 --      otherwise, events RecordRequeued / ReviewResolved.
 BEGIN;
-SELECT plan(116);
+SELECT plan(117);
 
 -- Other suites' rows (if any) must not be claimed here.
 UPDATE billguard.billing_records SET next_attempt_at = 'infinity'
@@ -177,6 +177,13 @@ UPDATE billguard.billing_records SET next_attempt_at = now() - interval '1 secon
 SELECT results_eq($$SELECT customer_id, attempt, action FROM billguard.claim_due_records(100, interval '30 seconds', interval '30 minutes', '/v1/payment_intents')$$,
                   $$VALUES ('t10_due1', 3, 'search')$$,
                   'first dispatched 1 hour ago, window 30 minutes: search first');
+UPDATE billguard.billing_records SET next_attempt_at = now() - interval '1 second', created_at = now() - interval '2 days'
+ WHERE customer_id = 't10_spare';
+SELECT results_eq($$SELECT customer_id, attempt, action FROM billguard.claim_due_records(100, interval '30 seconds', interval '1 day', '/v1/payment_intents')$$,
+                  $$VALUES ('t10_spare', 1, 'search')$$,
+                  'never dispatched, but claimed (created) 2 days ago, window 1 day: search first (a restored backup)');
+UPDATE billguard.billing_records SET status = 'pending', attempts = 0, next_attempt_at = '1995-01-01', created_at = now(),
+       first_dispatched_at = NULL WHERE customer_id = 't10_spare';
 
 ------------------------------------------------------------------------------
 -- SKIP LOCKED: a row committed by another session and locked by a third is
@@ -224,7 +231,7 @@ CREATE FUNCTION pg_temp.t10_answer(c text, attempt int, outcome text, http_statu
   SELECT billguard.record_charge_response(pg_temp.t10_key(c), attempt, outcome, http_status, charge_id,
            true, 'req_t10' || c, error_type, error_code,
            CASE WHEN error_code = 'card_declined' THEN 'generic_decline' END, message, body,
-           interval '7 minutes', interval '30 seconds') $$;
+           interval '7 minutes') $$;
 
 -- completed
 SELECT is(pg_temp.t10_answer('r200', (SELECT 2 FROM pg_temp.t10_dispatching('r200', 2)), 'completed', 200, 'pi_t10r200'),
@@ -276,7 +283,7 @@ SELECT is(pg_temp.t10_last('r503'),
           '{"http_status": 503, "type": "api_error", "message": "unavailable", "request_id": "req_t10r503", "attempt": 1, "terminal": false}'::jsonb,
           'retry: BillingFailed, not terminal');
 SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('net', 1), 1, 'retry', 0, NULL, false, NULL, 'network', NULL,
-            NULL, 'Operation timed out after 30000 milliseconds', NULL, '7 minutes', '30 seconds'),
+            NULL, 'Operation timed out after 30000 milliseconds', NULL, '7 minutes'),
           'recorded', 'retry after a timeout: recorded');
 SELECT results_eq($$SELECT status, next_attempt_at > now(), last_error FROM pg_temp.t10_r('net')$$,
                   $$VALUES ('pending', true, 'network: Operation timed out after 30000 milliseconds')$$,
@@ -307,12 +314,12 @@ SELECT is(pg_temp.t10_nevents('r401'), 1::bigint, 'paused: no event');
 
 -- not_sent
 SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('netlast', 3), 3, 'not_sent', 0, NULL, false, NULL, 'network',
-            NULL, NULL, 'Failed to connect to 127.0.0.1 port 9: Connection refused', NULL, '7 minutes', '30 seconds'),
+            NULL, NULL, 'Failed to connect to 127.0.0.1 port 9: Connection refused', NULL, '7 minutes'),
           'recorded', 'not_sent: recorded');
 SELECT results_eq($$SELECT status, attempts, next_attempt_at, lease_expires_at, last_error FROM pg_temp.t10_r('netlast')$$,
-                  $$VALUES ('pending', 2, now() + interval '30 seconds', NULL::timestamptz,
+                  $$VALUES ('pending', 2, now(), NULL::timestamptz,
                             'not sent: Failed to connect to 127.0.0.1 port 9: Connection refused')$$,
-                  'not_sent: pending, the attempt not counted, due after unsent_delay');
+                  'not_sent: pending, the attempt not counted, due again (the dispatcher holds off while Stripe is unreachable)');
 SELECT is(pg_temp.t10_last('netlast'),
           '{"attempt": 3, "message": "Failed to connect to 127.0.0.1 port 9: Connection refused"}'::jsonb,
           'not_sent: a ChargeNotSent event');
@@ -326,10 +333,10 @@ SELECT is(pg_temp.t10_answer('stale', 2, 'completed', 200, 'pi_t10stale'), 'stal
 SELECT is(pg_temp.t10_answer('stale', 4, 'failed', 402, NULL, 'card_error'), 'stale',
           'an answer to a later attempt number: stale');
 SELECT is(pg_temp.t10_answer('r200', 2, 'unknown', 500), 'stale', 'an answer to a completed record (its attempt): stale');
-SELECT is(billguard.record_search_result(pg_temp.t10_key('stale'), 2, 'absent', 200, NULL, NULL, NULL, '30 seconds'), 'stale',
+SELECT is(billguard.record_search_result(pg_temp.t10_key('stale'), 2, 'absent', 200, NULL, NULL, NULL), 'stale',
           'a search result for a stale attempt: stale');
 SELECT is(billguard.record_charge_response('0123456789abcdef0123456789abcdef', 1, 'completed', 200, 'pi_x', false, NULL, NULL,
-            NULL, NULL, NULL, NULL, '2 minutes', '30 seconds'),
+            NULL, NULL, NULL, NULL, '2 minutes'),
           'stale', 'an answer for a key without a record: stale');
 SELECT results_eq($$SELECT to_jsonb(r) FROM pg_temp.t10_r('stale') r$$, $$SELECT to_jsonb(b) FROM t10_stale_before b$$,
                   'stale answers: the record is unchanged');
@@ -342,7 +349,7 @@ SELECT results_eq($$SELECT status, charge_id FROM pg_temp.t10_r('r200')$$, $$VAL
 CREATE FUNCTION pg_temp.t10_search(c text, attempt int, outcome text, http_status int, charge_id text DEFAULT NULL,
                                    message text DEFAULT NULL) RETURNS text LANGUAGE sql AS $$
   SELECT billguard.record_search_result(pg_temp.t10_key(c), attempt, outcome, http_status, charge_id, 'req_t10' || c,
-                                        message, interval '30 seconds') $$;
+                                        message) $$;
 SELECT is(pg_temp.t10_search('sfound', (SELECT 2 FROM pg_temp.t10_dispatching('sfound', 2)), 'completed', 200, 'pi_t10found'),
           'recorded', 'search found: recorded');
 SELECT results_eq($$SELECT status, charge_id, completed_at, lease_expires_at FROM pg_temp.t10_r('sfound')$$,
@@ -372,8 +379,8 @@ SELECT results_eq($$SELECT status, attempts, next_attempt_at FROM pg_temp.t10_r(
 SELECT is(pg_temp.t10_search('shtml', (SELECT 2 FROM pg_temp.t10_dispatching('shtml', 2)), 'not_sent', 0), 'recorded',
           'search never sent: recorded');
 SELECT results_eq($$SELECT status, attempts, next_attempt_at FROM pg_temp.t10_r('shtml')$$,
-                  $$VALUES ('unknown', 1, now() + interval '30 seconds')$$,
-                  'search never sent: unknown again, the attempt not counted, due after unsent_delay');
+                  $$VALUES ('unknown', 1, now())$$,
+                  'search never sent: unknown again, the attempt not counted');
 
 ------------------------------------------------------------------------------
 -- release_claim(key, attempt, search): a claim the dispatcher never sent

@@ -21,7 +21,7 @@ CREATE FUNCTION pg_temp.answer(c text, outcome text, charge_id text, code text, 
   LANGUAGE sql AS $$
   SELECT billguard.record_charge_response(billguard.idempotency_key('t11_' || c, '2031-11'), 1, outcome, 200,
            charge_id, false, 'req_t11', CASE WHEN code IS NOT NULL THEN 'payment_status' END, code, NULL, message, NULL,
-           '2 minutes', '1 second') $$;
+           '2 minutes') $$;
 
 SELECT is(pg_temp.answer('action', 'failed', NULL, 'requires_action', 'payment_intent pi_A is requires_action: not charged'),
           'recorded', 'requires_action: recorded');

@@ -57,11 +57,13 @@ void TruthTable() {
      "400 idempotency_error: needs_review");
   Is(Judged(400, Error("idempotency_error"), "true"), "needs_review",
      "idempotency_error with Should-Retry true: needs_review");
-  Is(Judged(409, Error("idempotency_error", "idempotency_key_in_use")), "retry",
-     "409 key in use: retry");
+  Is(Judged(409, Error("idempotency_error", "idempotency_key_in_use")), "throttled",
+     "409 key in use: throttled");
   Is(Judged(409, Error("idempotency_error", "idempotency_key_in_use"), "false"), "failed",
      "409 with Should-Retry false: failed (a 4xx)");
-  Is(Judged(429, Error("rate_limit_error", "rate_limit")), "retry", "429: retry");
+  Is(Judged(429, Error("rate_limit_error", "rate_limit")), "throttled", "429: throttled");
+  Is(Judged(429, Error("rate_limit_error", "rate_limit"), "true"), "throttled",
+     "429 with Should-Retry true: throttled");
   Is(Judged(500, Error("api_error")), "unknown", "500: unknown");
   Is(Judged(500, Error("api_error"), "true"), "retry", "500 with Should-Retry true: retry");
   Is(Judged(500, Error("api_error"), "false"), "unknown", "500 with Should-Retry false: unknown");
@@ -81,9 +83,9 @@ void TruthTable() {
 
   // Attempts: 409 and 429 never exhaust; a 4xx that says retry fails when
   // exhausted; anything indeterminate needs review, never 'failed'.
-  Is(Judged(429, "", "", 10, 3), "retry", "429 past max_attempts: retry");
-  Is(Judged(409, Error("idempotency_error", "idempotency_key_in_use"), "", 10, 3), "retry",
-     "409 past max_attempts: retry");
+  Is(Judged(429, "", "", 10, 3), "throttled", "429 past max_attempts: throttled, never exhausts");
+  Is(Judged(409, Error("idempotency_error", "idempotency_key_in_use"), "", 10, 3), "throttled",
+     "409 past max_attempts: throttled, never exhausts");
   Is(Judged(503, Error("api_error"), "", 2, 3), "retry", "503 at attempt 2 of 3: retry");
   Is(Judged(503, Error("api_error"), "", 3, 3), "needs_review",
      "503 at attempt 3 of 3: needs_review");
