@@ -320,6 +320,10 @@ class Dispatcher {
             0, std::chrono::duration_cast<std::chrono::milliseconds>(next_poll_ - now).count());
       }
     }
+    // Statistics held back by pgstat_report_stat's rate limit are flushed
+    // by the time this returns (PostgresMain does the same when idle).
+    const long stats_ms = CallPostgres([] { return pgstat_report_stat(false); });
+    if (stats_ms > 0) timeout_ms = timeout_ms > 0 ? std::min(timeout_ms, stats_ms) : timeout_ms;
     if (WaitLatchFor(timeout_ms)) maybe_due_ = true;
   }
 

@@ -94,6 +94,10 @@ CopiedResult RunStatement(const char* sql, int nparams, Datum* values, const cha
   SPI_finish();
   PopActiveSnapshot();
   CommitTransactionCommand();
+  // As PostgreSQL's own workers do after a transaction: without it
+  // autovacuum never learns of the worker's updates and inserts while it
+  // lives. At most once a second; the idle wait flushes the rest.
+  pgstat_report_stat(false);
   pgstat_report_activity(STATE_IDLE, nullptr);
   return result;
 }
