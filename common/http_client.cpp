@@ -135,6 +135,11 @@ void HttpClient::Submit(HttpRequest request) {
   transfers_.emplace(easy, std::move(transfer));
 }
 
+void HttpClient::Start() {
+  int running = 0;
+  curl_multi_perform(static_cast<CURLM*>(multi_), &running);
+}
+
 std::vector<HttpResponse> HttpClient::Poll(int timeout_ms) {
   CURLM* multi = static_cast<CURLM*>(multi_);
   int running = 0;

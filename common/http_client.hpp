@@ -47,6 +47,9 @@ class HttpClient {
 
   void set_timeout_ms(long timeout_ms) { timeout_ms_ = timeout_ms; }
   void Submit(HttpRequest request);
+  // Starts the submitted requests now (connect, send) rather than at the
+  // next Poll; their answers are returned by Poll.
+  void Start();
   // Drives all transfers, waiting at most timeout_ms for activity, and
   // returns the ones that finished.
   std::vector<HttpResponse> Poll(int timeout_ms);

@@ -66,28 +66,38 @@ Recorded RecordedFrom(const std::vector<SqlRow>& rows) {
   return Recorded::kRecorded;
 }
 
-}  // namespace
-
-Recorded RecordChargeResponse(const ClaimedRecord& claimed, const ChargeAnswer& answer,
-                              Outcome outcome) {
-  return RecordedFrom(ExecuteInTransaction(
+Statement RecordingOf(const JudgedAnswer& judged) {
+  const ClaimedRecord& claimed = *judged.claimed;
+  if (judged.search) {
+    const SearchAnswer& answer = judged.found;
+    return {"SELECT billguard.record_search_result($1, $2::int, $3, $4::int, $5, $6, $7)",
+            {claimed.idempotency_key, std::to_string(claimed.attempt), OutcomeName(judged.outcome),
+             std::to_string(answer.http_status), TextOrNull(answer.found_id),
+             TextOrNull(answer.request_id), TextOrNull(answer.message)}};
+  }
+  const ChargeAnswer& answer = judged.charge;
+  return {
       "SELECT billguard.record_charge_response($1, $2::int, $3, $4::int, $5, $6::boolean, $7, "
       "$8, $9, $10, $11, $12, $13::interval)",
-      {claimed.idempotency_key, std::to_string(claimed.attempt), OutcomeName(outcome),
+      {claimed.idempotency_key, std::to_string(claimed.attempt), OutcomeName(judged.outcome),
        std::to_string(answer.http_status), TextOrNull(answer.object_id),
        answer.replayed ? "true" : "false", TextOrNull(answer.request_id),
        TextOrNull(answer.error_type), TextOrNull(answer.error_code),
        TextOrNull(answer.decline_code), TextOrNull(answer.message), TextOrNull(answer.body_excerpt),
-       Seconds(settings::search_settle_delay_s)}));
+       Seconds(settings::search_settle_delay_s)}};
 }
 
-Recorded RecordSearchResult(const ClaimedRecord& claimed, const SearchAnswer& answer,
-                            Outcome outcome) {
-  return RecordedFrom(ExecuteInTransaction(
-      "SELECT billguard.record_search_result($1, $2::int, $3, $4::int, $5, $6, $7)",
-      {claimed.idempotency_key, std::to_string(claimed.attempt), OutcomeName(outcome),
-       std::to_string(answer.http_status), TextOrNull(answer.found_id),
-       TextOrNull(answer.request_id), TextOrNull(answer.message)}));
+}  // namespace
+
+std::vector<Recorded> RecordAnswers(const std::vector<JudgedAnswer>& answers) {
+  std::vector<Statement> statements;
+  statements.reserve(answers.size());
+  for (const JudgedAnswer& judged : answers) statements.push_back(RecordingOf(judged));
+  std::vector<Recorded> recorded;
+  recorded.reserve(answers.size());
+  for (const auto& rows : ExecuteAllInTransaction(statements))
+    recorded.push_back(RecordedFrom(rows));
+  return recorded;
 }
 
 void ReleaseClaim(const ClaimedRecord& claimed) {

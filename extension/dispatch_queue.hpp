@@ -30,11 +30,19 @@ enum class Recorded { kRecorded, kStale, kLocked };
 std::string InstalledExtensionVersion();
 long RequeueAbandoned();
 std::vector<ClaimedRecord> ClaimDueRecords(int max_rows);
-// Record a judged answer.
-Recorded RecordChargeResponse(const ClaimedRecord& claimed, const ChargeAnswer& answer,
-                              Outcome outcome);
-Recorded RecordSearchResult(const ClaimedRecord& claimed, const SearchAnswer& answer,
-                            Outcome outcome);
+// One judged answer: to a charge (search == false) or to a search.
+struct JudgedAnswer {
+  const ClaimedRecord* claimed;
+  bool search = false;
+  Outcome outcome;
+  ChargeAnswer charge;
+  SearchAnswer found;
+};
+
+// Records the answers in one transaction, in order; one result each. An
+// answer never raises (its fields are typed), and a locked record does not
+// hold up the others.
+std::vector<Recorded> RecordAnswers(const std::vector<JudgedAnswer>& answers);
 // Gives back a claimed record that was never sent.
 void ReleaseClaim(const ClaimedRecord& claimed);
 

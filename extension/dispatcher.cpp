@@ -79,13 +79,17 @@ class Dispatcher {
       Log("started");
       while (!ShutdownRequestPending) {
         if (ConfigReloadPending) Reload();
+        std::vector<Finished> finished =
+            TakeFinished(http_.Poll(in_flight_.empty() ? 0 : PollMilliseconds()));
+        // Freed slots are refilled (from the records claimed ahead, then
+        // from a claim) before anything is recorded, so that no slot idles
+        // while a transaction runs.
+        SendReady();
         const auto now = Clock::now();
         if (!paused_ && now >= unreachable_until_ && (maybe_due_ || now >= next_poll_))
           ClaimIntoReadyQueue(now);
         SendReady();
-        for (const HttpResponse& response : http_.Poll(in_flight_.empty() ? 0 : PollMilliseconds()))
-          Handle(response);
-        RecordDeferred();
+        RecordFinished(std::move(finished));
         PublishStatus(paused_, pause_reason_, static_cast<int>(in_flight_.size()), sent_);
         Wait();
       }
@@ -107,10 +111,11 @@ class Dispatcher {
     bool searching = false;
     bool deferred = false;  // its row was locked when its answer came
   };
-  struct Deferred {
+  // A request that finished, its answer waiting to be recorded.
+  struct Finished {
     InFlight done;
     HttpResponse response;
-    Clock::time_point retry_at;
+    Clock::time_point retry_at{};  // when deferred: the next try
   };
 
   // Any reload resumes a pause when the key file holds a key: a key Stripe
@@ -170,14 +175,19 @@ class Dispatcher {
     PublishStatus(paused_, pause_reason_, 0, sent_);
   }
 
-  // Claims as many due records as there is room for in flight, a fraction
-  // of a second's worth at the configured rate, so claims stay batched but
-  // a lease is never held long before its request leaves.
+  // Claims due records ahead of the free slots, in batches: up to half of
+  // max_inflight beyond them, claimed once a quarter has gone, so a slot that
+  // frees never waits for a claim and claims come a quarter of max_inflight
+  // at a time; and no more than a fifth of a second's worth at the
+  // configured rate, so a lease is never held long before its request leaves.
   void ClaimIntoReadyQueue(Clock::time_point now) {
-    const int room = settings::max_inflight - static_cast<int>(in_flight_.size() + ready_.size());
-    const int batch = std::max(1, static_cast<int>(pacer_.Rate(now) / 5));
-    const int wanted = std::min(room, batch - static_cast<int>(ready_.size()));
-    if (wanted <= 0) return;
+    const int claimed_unsent = static_cast<int>(ready_.size());
+    const int ahead = std::max(1, settings::max_inflight / 2);
+    const int per_fifth = std::max(1, static_cast<int>(pacer_.Rate(now) / 5));
+    const int wanted = std::min(
+        settings::max_inflight + ahead - static_cast<int>(in_flight_.size()) - claimed_unsent,
+        per_fifth - claimed_unsent);
+    if (wanted <= 0 || (wanted < std::min(ahead / 2, per_fifth) && claimed_unsent > 0)) return;
     std::vector<ClaimedRecord> claimed = ClaimDueRecords(wanted);
     maybe_due_ = static_cast<int>(claimed.size()) == wanted;
     if (!maybe_due_) next_poll_ = now + std::chrono::milliseconds(settings::poll_interval_ms);
@@ -185,15 +195,20 @@ class Dispatcher {
   }
 
   void SendReady() {
-    while (!ready_.empty() && !paused_) {
+    bool sent = false;
+    while (!ready_.empty() && !paused_ &&
+           static_cast<int>(in_flight_.size()) < settings::max_inflight) {
       const auto now = Clock::now();
-      if (!pacer_.Ready(now) || now < unreachable_until_) return;
+      if (!pacer_.Ready(now) || now < unreachable_until_) break;
       pacer_.Take(now);
       ClaimedRecord claimed = std::move(ready_.front());
       ready_.pop_front();
       const bool search = claimed.search_first;
       Send(std::move(claimed), search);
+      sent = true;
     }
+    // Out now, not after the transactions that follow in this pass.
+    if (sent) http_.Start();
   }
 
   void Send(ClaimedRecord claimed, bool search) {
@@ -208,16 +223,93 @@ class Dispatcher {
     ++sent_;
   }
 
-  void Handle(const HttpResponse& response) {
-    auto found = in_flight_.find(response.tag);
-    if (found == in_flight_.end()) return;
-    InFlight done = std::move(found->second);
-    in_flight_.erase(found);
-    Record(std::move(done), response);
+  // The requests whose transfers finished, out of in_flight_, with the
+  // deferred answers now due.
+  std::vector<Finished> TakeFinished(std::vector<HttpResponse> responses) {
+    std::vector<Finished> batch;
+    batch.reserve(responses.size());
+    for (HttpResponse& response : responses) {
+      auto found = in_flight_.find(response.tag);
+      if (found == in_flight_.end()) continue;
+      batch.push_back({std::move(found->second), std::move(response)});
+      in_flight_.erase(found);
+    }
+    const auto now = Clock::now();
+    for (auto it = deferred_.begin(); it != deferred_.end();) {
+      if (it->retry_at > now) {
+        ++it;
+        continue;
+      }
+      batch.push_back(std::move(*it));
+      it = deferred_.erase(it);
+    }
+    return batch;
+  }
+
+  // Records a batch of answers in one transaction: one commit per batch,
+  // never one open while a request is in flight.
+  void RecordFinished(std::vector<Finished> batch) {
+    if (batch.empty()) return;
+
+    std::vector<JudgedAnswer> judged;
+    judged.reserve(batch.size());
+    for (const Finished& finished : batch) judged.push_back(Judge(finished));
+    const std::vector<Recorded> recorded = RecordAnswers(judged);
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      AfterRecording(std::move(batch[i]), judged[i].outcome, recorded[i]);
+    }
+  }
+
+  static JudgedAnswer Judge(const Finished& finished) {
+    JudgedAnswer judged;
+    judged.claimed = &finished.done.claimed;
+    judged.search = finished.done.searching;
+    if (judged.search) {
+      judged.found = ReadSearchAnswer(finished.response, finished.done.claimed.idempotency_key);
+      judged.outcome = JudgeSearch(judged.found);
+    } else {
+      judged.charge = ReadChargeAnswer(finished.response);
+      judged.outcome =
+          JudgeCharge(judged.charge, finished.done.claimed.attempt, settings::max_attempts);
+    }
+    return judged;
+  }
+
+  // What follows from a recorded answer. One whose row another session
+  // holds locked waits in deferred_ and is recorded on a later pass.
+  void AfterRecording(Finished finished, Outcome outcome, Recorded recorded) {
+    const HttpResponse& response = finished.response;
     if (response.status == 0 && !response.request_sent) {
       HoldOffUnreachable(response.transport_error);
     } else if (response.status != 0) {
       unreachable_streak_ = 0;
+    }
+    ClaimedRecord& claimed = finished.done.claimed;
+    const std::string who = claimed.customer_id + "/" + claimed.billing_period;
+    if (recorded == Recorded::kStale) return;
+    if (recorded == Recorded::kLocked) {
+      if (!finished.done.deferred) {
+        Log(who + ": another session holds its row lock; its answer is recorded once it is free");
+      }
+      finished.done.deferred = true;
+      finished.retry_at = Clock::now() + std::chrono::seconds(1);
+      deferred_.push_back(std::move(finished));
+      return;
+    }
+    if (outcome == Outcome::kAbsent) {
+      // Not found: send the charge next, same key, paced like any request.
+      claimed.search_first = false;
+      ready_.push_front(std::move(claimed));
+      return;
+    }
+    if (response.status == 429) pacer_.SlowDown(Clock::now());
+    if (outcome == Outcome::kPaused) {
+      Pause("Stripe refused the API key (HTTP " + std::to_string(response.status) + ")");
+    } else if (outcome == Outcome::kFailed || outcome == Outcome::kNeedsReview ||
+               outcome == Outcome::kUnknown) {
+      Log(who + " is " + OutcomeName(outcome) + " after HTTP " + std::to_string(response.status) +
+          (response.status == 0 ? " (" + PrintableExcerpt(response.transport_error, 200) + ")"
+                                : ""));
     }
   }
 
@@ -237,66 +329,11 @@ class Dispatcher {
         "again in " + std::to_string(seconds) + " s");
   }
 
-  // Records one answer. One whose row another session holds locked waits
-  // in deferred_ and is recorded on a later pass.
-  void Record(InFlight done, const HttpResponse& response) {
-    Outcome outcome;
-    Recorded recorded;
-    if (done.searching) {
-      const SearchAnswer answer = ReadSearchAnswer(response, done.claimed.idempotency_key);
-      outcome = JudgeSearch(answer);
-      recorded = RecordSearchResult(done.claimed, answer, outcome);
-    } else {
-      ChargeAnswer answer = ReadChargeAnswer(response);
-      outcome = JudgeCharge(answer, done.claimed.attempt, settings::max_attempts);
-      recorded = RecordChargeResponse(done.claimed, answer, outcome);
-    }
-    const std::string who = done.claimed.customer_id + "/" + done.claimed.billing_period;
-    if (recorded == Recorded::kStale) return;
-    if (recorded == Recorded::kLocked) {
-      if (!done.deferred) {
-        Log(who + ": another session holds its row lock; its answer is recorded once it is free");
-      }
-      done.deferred = true;
-      deferred_.push_back({std::move(done), response, Clock::now() + std::chrono::seconds(1)});
-      return;
-    }
-    if (outcome == Outcome::kAbsent) {
-      // Not found: send the charge next, same key, paced like any request.
-      done.claimed.search_first = false;
-      ready_.push_front(std::move(done.claimed));
-      return;
-    }
-
-    if (response.status == 429) pacer_.SlowDown(Clock::now());
-    if (outcome == Outcome::kPaused) {
-      Pause("Stripe refused the API key (HTTP " + std::to_string(response.status) + ")");
-    } else if (outcome == Outcome::kFailed || outcome == Outcome::kNeedsReview ||
-               outcome == Outcome::kUnknown) {
-      Log(who + " is " + OutcomeName(outcome) + " after HTTP " + std::to_string(response.status) +
-          (response.status == 0 ? " (" + PrintableExcerpt(response.transport_error, 200) + ")"
-                                : ""));
-    }
-  }
-
-  void RecordDeferred() {
-    const auto now = Clock::now();
-    std::vector<Deferred> due;
-    for (auto it = deferred_.begin(); it != deferred_.end();) {
-      if (it->retry_at > now) {
-        ++it;
-        continue;
-      }
-      due.push_back(std::move(*it));
-      it = deferred_.erase(it);
-    }
-    for (Deferred& d : due) Record(std::move(d.done), d.response);
-  }
-
   int PollMilliseconds() const {
     const auto until =
         std::chrono::duration_cast<std::chrono::milliseconds>(pacer_.UntilNext(Clock::now()));
-    if (!ready_.empty()) return static_cast<int>(std::clamp<long>(until.count(), 0, 5));
+    const bool may_send = static_cast<int>(in_flight_.size()) < settings::max_inflight;
+    if (!ready_.empty() && may_send) return static_cast<int>(std::clamp<long>(until.count(), 0, 5));
     return 5;
   }
 
@@ -348,7 +385,7 @@ class Dispatcher {
   Clock::time_point next_poll_{};
   std::deque<ClaimedRecord> ready_;  // claimed, waiting for their paced start
   std::unordered_map<std::uint64_t, InFlight> in_flight_;
-  std::vector<Deferred> deferred_;  // answers whose row was locked
+  std::vector<Finished> deferred_;  // answers whose row was locked
   std::uint64_t next_tag_ = 1;
   int64 sent_ = 0;
   Clock::time_point unreachable_until_{};  // see HoldOffUnreachable
