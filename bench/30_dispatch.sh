@@ -78,6 +78,11 @@ for inflight in 64 200; do
     ideal = i / 0.050
     printf "  max_inflight %3d: %7.1f charges/s of ideal %6.0f: %.3f (target >= 0.9)\n", i, r, ideal, r / ideal }'
 done
+# What this machine allows right now: the emulator alone, 200 clients.
+alone=$(perl test/emulator/measure-throughput.pl --clients 200 --latency-ms 50 --seconds 3 |
+  sed -n 's/.*, \([0-9]*\) req\/s,.*/\1/p')
+awk -v a="$alone" 'BEGIN {
+  printf "  (baseline, same run: the emulator alone serves 200 keep-alive clients %d requests/s: %.3f of ideal)\n", a, a / 4000 }'
 
 echo "pacing at max_requests_per_second = 100 against an emulator limiting at 100/s:"
 control reset '{}'

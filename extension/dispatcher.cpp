@@ -97,7 +97,7 @@ class Dispatcher {
       // SIGTERM cancelled a statement or a wait (see HandleSigterm).
       if (!ShutdownRequestPending) throw;
     }
-    QueryCancelPending = false;  // nothing left to cancel; the log line below must not
+    QueryCancelPending = false;  // nothing is left to cancel, and the line below must not be
     Log("stopping with " + std::to_string(in_flight_.size()) +
         " requests in flight; they are re-sent with the same key at the next start");
     http_.AbortAll();
