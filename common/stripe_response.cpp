@@ -173,6 +173,14 @@ bool IsClientError(long status) {
   return status >= 400 && status <= 499;
 }
 
+// An answer that said "try again" once max_attempts are spent. Only a 4xx
+// proves nothing was charged.
+Outcome Exhausted(ChargeAnswer& answer) {
+  answer.message += std::string(answer.message.empty() ? "" : " ") +
+                    "(attempts exhausted, outcome unknown: reconcile before retrying)";
+  return IsClientError(answer.http_status) ? Outcome::kFailed : Outcome::kNeedsReview;
+}
+
 }  // namespace
 
 const char* OutcomeName(Outcome outcome) {
@@ -258,7 +266,9 @@ Outcome JudgeCharge(ChargeAnswer& answer, int attempt, int max_attempts) {
     return Outcome::kNeedsReview;
 
   if (answer.should_retry != true) {
-    if (status == 500) return Outcome::kUnknown;
+    // Stripe replays a cached 500 for the key: past max_attempts of searching
+    // and re-sending, only a person can settle it.
+    if (status == 500) return attempt < max_attempts ? Outcome::kUnknown : Exhausted(answer);
     if (answer.should_retry == false ||
         (status != 0 && status < 500 && status != 409 && status != 429)) {
       return IsClientError(status) ? Outcome::kFailed : Outcome::kNeedsReview;
@@ -267,10 +277,7 @@ Outcome JudgeCharge(ChargeAnswer& answer, int attempt, int max_attempts) {
   // Rate limits and a key still in use say nothing about the charge: they
   // never exhaust the attempts.
   if (status == 409 || status == 429) return Outcome::kThrottled;
-  if (attempt < max_attempts) return Outcome::kRetry;
-  answer.message += std::string(answer.message.empty() ? "" : " ") +
-                    "(attempts exhausted, outcome unknown: reconcile before retrying)";
-  return IsClientError(status) ? Outcome::kFailed : Outcome::kNeedsReview;
+  return attempt < max_attempts ? Outcome::kRetry : Exhausted(answer);
 }
 
 SearchAnswer ReadSearchAnswer(const HttpResponse& response, std::string_view idempotency_key) {

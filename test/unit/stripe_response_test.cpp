@@ -67,6 +67,8 @@ void TruthTable() {
   Is(Judged(500, Error("api_error")), "unknown", "500: unknown");
   Is(Judged(500, Error("api_error"), "true"), "retry", "500 with Should-Retry true: retry");
   Is(Judged(500, Error("api_error"), "false"), "unknown", "500 with Should-Retry false: unknown");
+  Is(Judged(500, Error("api_error"), "", 20, 20), "needs_review",
+     "a cached 500 at max_attempts: needs_review (only a person can settle it)");
   Is(Judged(502, Error("api_error")), "retry", "502: retry");
   Is(Judged(503, Error("api_error")), "retry", "503: retry");
   Is(Judged(504, ""), "retry", "504 without a body: retry");
