@@ -8,7 +8,8 @@
 --      key); action 'search' for unknown rows and for rows first dispatched
 --      longer ago than the idempotency window, else 'charge'; a row locked by
 --      another session is skipped without waiting (SKIP LOCKED, via dblink
---      on a briefly committed row that is removed again).
+--      on a briefly committed row that is removed again), and an answer for
+--      it is 'locked' at once, recorded once the lock is gone.
 --  record_charge_response  each outcome the dispatcher judged (the
 --      judgement itself is unit-tested, test/unit/stripe_response_test.cpp):
 --      completed (charge id, BillingCompleted), failed (terminal
@@ -25,7 +26,7 @@
 --  retry_record / resolve_record  allowed statuses, 22023 / P0002
 --      otherwise, events RecordRequeued / ReviewResolved.
 BEGIN;
-SELECT plan(117);
+SELECT plan(119);
 
 -- Other suites' rows (if any) must not be claimed here.
 UPDATE billguard.billing_records SET next_attempt_at = 'infinity'
@@ -187,8 +188,9 @@ UPDATE billguard.billing_records SET status = 'pending', attempts = 0, next_atte
 
 ------------------------------------------------------------------------------
 -- SKIP LOCKED: a row committed by another session and locked by a third is
--- skipped, not waited for. The row is committed for this check only and
--- removed again (its table refuses DELETE; replica mode skips that trigger).
+-- skipped, not waited for, by claims and by the recording of answers. The
+-- row is committed for this check only and removed again (its table refuses
+-- DELETE; replica mode skips that trigger).
 CREATE EXTENSION IF NOT EXISTS dblink;
 SELECT is(dblink_connect('t10_locker', format('host=%s port=%s dbname=%s user=%s',
             coalesce(nullif(split_part(current_setting('unix_socket_directories'), ',', 1), ''), '127.0.0.1'),
@@ -198,10 +200,11 @@ SELECT is(dblink_exec('t10_locker', $$SET session_replication_role = replica$$),
 SELECT is(dblink_exec('t10_locker', $$DELETE FROM billguard.billing_records WHERE customer_id = 't10_skiplocked'$$), 'DELETE 0',
           '(no row left over from an earlier run)');
 SELECT is(dblink_exec('t10_locker', $$INSERT INTO billguard.billing_records
-            (customer_id, billing_period, idempotency_key, amount_cents, currency, stripe_customer, next_attempt_at)
+            (customer_id, billing_period, idempotency_key, amount_cents, currency, stripe_customer, status, attempts,
+             next_attempt_at)
             VALUES ('t10_skiplocked', '2031-10', billguard.idempotency_key('t10_skiplocked', '2031-10'), 100, 'usd',
-                    'cus_t10_skiplocked', '1990-01-01')$$),
-          'INSERT 0 1', 'SKIP LOCKED: a pending row, the most overdue, is committed');
+                    'cus_t10_skiplocked', 'dispatching', 1, '1990-01-01')$$),
+          'INSERT 0 1', 'SKIP LOCKED: a dispatching row (attempt 1) whose lease expired, the most overdue, is committed');
 UPDATE billguard.billing_records SET next_attempt_at = '1995-01-01' WHERE customer_id = 't10_spare';
 SELECT is(pg_temp.t10_claim_undone(1), 't10_skiplocked', 'SKIP LOCKED: unlocked, it is the row a claim of 1 takes');
 SELECT is(dblink_exec('t10_locker', 'BEGIN'), 'BEGIN', 'SKIP LOCKED: the second session begins');
@@ -213,9 +216,21 @@ CREATE TEMP TABLE t10_skip AS SELECT * FROM billguard.claim_due_records(1, inter
 RESET statement_timeout;
 SELECT results_eq($$SELECT customer_id FROM t10_skip$$, $$VALUES ('t10_spare')$$,
                   'SKIP LOCKED: the claim skips the locked row at once and takes the next due one');
-SELECT results_eq($$SELECT status, attempts FROM billguard.billing_records WHERE customer_id = 't10_skiplocked'$$,
-                  $$VALUES ('pending', 0)$$, 'SKIP LOCKED: the locked row is untouched');
+SET LOCAL statement_timeout = '5s';
+SELECT is(billguard.record_charge_response(pg_temp.t10_key('skiplocked'), 1, 'completed', 200, 'pi_t10locked', false,
+            'req_t10', NULL, NULL, NULL, NULL, NULL, '2 minutes')
+          || '/' || billguard.record_search_result(pg_temp.t10_key('skiplocked'), 1, 'retry', 500, NULL, 'req_t10',
+            'search failed with HTTP 500'),
+          'locked/locked', 'SKIP LOCKED: an answer and a search result for the locked record: locked, at once');
+RESET statement_timeout;
+SELECT results_eq($$SELECT status, attempts, charge_id FROM billguard.billing_records WHERE customer_id = 't10_skiplocked'$$,
+                  $$VALUES ('dispatching', 1, NULL::text)$$, 'SKIP LOCKED: the locked row is untouched');
 SELECT is(dblink_exec('t10_locker', 'ROLLBACK'), 'ROLLBACK', 'SKIP LOCKED: the second session lets go');
+SAVEPOINT t10_unlocked;
+SELECT is(billguard.record_charge_response(pg_temp.t10_key('skiplocked'), 1, 'completed', 200, 'pi_t10locked', false,
+            'req_t10', NULL, NULL, NULL, NULL, NULL, '2 minutes'),
+          'recorded', 'SKIP LOCKED: once the lock is gone the same answer is recorded');
+ROLLBACK TO SAVEPOINT t10_unlocked;
 SELECT is(dblink_exec('t10_locker', $$DELETE FROM billguard.billing_records WHERE customer_id = 't10_skiplocked'$$), 'DELETE 1',
           '(the committed row is removed again)');
 SELECT is(dblink_disconnect('t10_locker'), 'OK', '(the second session disconnects)');
