@@ -26,7 +26,7 @@
 --  retry_record / resolve_record  allowed statuses, 22023 / P0002
 --      otherwise, events RecordRequeued / ReviewResolved.
 BEGIN;
-SELECT plan(119);
+SELECT plan(120);
 
 -- Other suites' rows (if any) must not be claimed here.
 UPDATE billguard.billing_records SET next_attempt_at = 'infinity'
@@ -114,7 +114,10 @@ UPDATE billguard.billing_records SET status = 'dispatching', attempts = 1, first
        lease_expires_at = now() + interval '20 seconds', next_attempt_at = now() + interval '20 seconds'
  WHERE customer_id = 't10_leased';
 
+SET LOCAL synchronous_commit = off;    -- the dispatcher's session setting: answers commit asynchronously
 CREATE TEMP TABLE t10_c1 AS SELECT * FROM billguard.claim_due_records(1, interval '30 seconds', interval '1 day', '/v1/payment_intents');
+SELECT is(current_setting('synchronous_commit'), 'on',
+          'a claim''s transaction commits with synchronous_commit on: flushed before any request leaves');
 SELECT results_eq($$SELECT customer_id, attempt, action FROM t10_c1$$,
                   $$VALUES ('t10_due1', 1, 'charge')$$,
                   'claim (max_rows 1): the most overdue row, attempt 1, action charge');
