@@ -22,6 +22,7 @@ OBJS = \
 	extension/customer_id.o \
 	extension/history_guard.o \
 	extension/journal_events.o \
+	extension/charge_request.o \
 	extension/spi_transaction.o \
 	extension/dispatch_queue.o \
 	extension/dispatcher.o \

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The dispatcher against the Stripe emulator, on a cluster of its own:
-#  - throughput at 50 ms latency for max_inflight 1, 8, 32, 64 (rate limit
-#    high), as a fraction of the ideal max_inflight / latency;
+#  - throughput at 50 ms latency for max_inflight 64 and 200 (rate limit
+#    high), 3,000 charges, as a fraction of the ideal max_inflight / latency;
 #  - max_requests_per_second = 100 against an emulator limiting at 100/s:
 #    achieved rate as a fraction of 100, and the 429s it caused;
-#  - CPU of the worker and of all of PostgreSQL per 1,000 charges at zero latency;
+#  - CPU of all of PostgreSQL (the worker included) and WAL per charge at
+#    zero latency, against the targets;
 #  - the worker's RSS while a 100,000-record backlog drains;
 #  - wake-up: from the COMMIT of bill_customer to the claim of its record.
 set -euo pipefail
@@ -64,20 +65,24 @@ run_period() {
             FROM billguard.billing_records WHERE billing_period = '$period'"
 }
 
-echo "throughput at 50 ms latency, max_requests_per_second = 100000:"
+echo "throughput at 50 ms latency, 3,000 charges, max_requests_per_second = 100000:"
 control config '{"latency_ms": 50, "rate_limit": 0}'
 setting max_requests_per_second 100000
 month=1
-for inflight in 1 8 32 64; do
-  n=$((inflight * 20 * 6))   # about six seconds at the ideal rate
+for inflight in 64 200; do
   setting max_inflight "$inflight"
   sleep 0.3
-  rate=$(run_period "$n" "2030-$(printf %02d $month)")
+  rate=$(run_period 3000 "2030-$(printf %02d $month)")
   month=$((month + 1))
-  awk -v i="$inflight" -v r="$rate" -v n="$n" 'BEGIN {
+  awk -v i="$inflight" -v r="$rate" 'BEGIN {
     ideal = i / 0.050
-    printf "  max_inflight %2d: %7.1f charges/s of ideal %6.0f: %.3f (n=%d; target >= 0.9)\n", i, r, ideal, r / ideal, n }'
+    printf "  max_inflight %3d: %7.1f charges/s of ideal %6.0f: %.3f (target >= 0.9)\n", i, r, ideal, r / ideal }'
 done
+# What this machine allows right now: the emulator alone, 200 clients.
+alone=$(perl test/emulator/measure-throughput.pl --clients 200 --latency-ms 50 --seconds 3 |
+  sed -n 's/.*, \([0-9]*\) req\/s,.*/\1/p')
+awk -v a="$alone" 'BEGIN {
+  printf "  (baseline, same run: the emulator alone serves 200 keep-alive clients %d requests/s: %.3f of ideal)\n", a, a / 4000 }'
 
 echo "pacing at max_requests_per_second = 100 against an emulator limiting at 100/s:"
 control reset '{}'
@@ -89,19 +94,31 @@ rate=$(run_period 1000 2031-01)
 awk -v r="$rate" -v l="$(stat_of rate_limited)" 'BEGIN {
   printf "  achieved %.1f requests/s: %.3f of 100 (target >= 0.95), 429s from the limiter: %d (target 0)\n", r, r / 100, l }'
 
-echo "database cost per 1,000 charges (zero latency, 5,000 charges):"
+echo "database cost per charge (zero latency, 5,000 charges; the period is billed while the dispatcher is paused, so only dispatching is measured):"
 control config '{"latency_ms": 0, "rate_limit": 0}'
 setting max_requests_per_second 100000
 setting max_inflight 32
+sql -c "CHECKPOINT" >/dev/null
+setting api_key_file "''"
 sleep 0.3
+sql -c "UPDATE billguard.accounts SET active = customer_id <= 'cust_005000'" >/dev/null
+sql -c "SELECT initiated FROM billguard.bill_period('2031-02')" >/dev/null
 wpid=$(worker_pid)
 hz=$(getconf CLK_TCK)
-w0=$(cpu_ticks "$wpid"); c0=$(cluster_ticks); t0=$(date +%s.%N)
-rate=$(run_period 5000 2031-02)
-w1=$(cpu_ticks "$wpid"); c1=$(cluster_ticks); t1=$(date +%s.%N)
-awk -v w=$((w1 - w0)) -v c=$((c1 - c0)) -v hz="$hz" -v r="$rate" 'BEGIN {
-  printf "  worker %.0f ms CPU, whole cluster (worker included) %.0f ms CPU per 1,000 charges; %.0f charges/s\n",
-         w / hz * 1000 / 5, c / hz * 1000 / 5, r }'
+w0=$(cpu_ticks "$wpid"); c0=$(cluster_ticks); l0=$(sql -c "SELECT pg_current_wal_lsn()")
+setting api_key_file "'$dir/stripe.key'"
+until [ "$(sql -c "SELECT count(*) FROM billguard.billing_records WHERE billing_period = '2031-02' AND status <> 'completed'")" = 0 ]; do
+  sleep 0.05
+done
+w1=$(cpu_ticks "$wpid"); c1=$(cluster_ticks); l1=$(sql -c "SELECT pg_current_wal_lsn()")
+wal=$(sql -c "SELECT pg_wal_lsn_diff('$l1', '$l0')")
+rate=$(sql -c "SELECT round(count(*) / extract(epoch FROM max(completed_at) - min(first_dispatched_at))::numeric, 1)
+                 FROM billguard.billing_records WHERE billing_period = '2031-02'")
+awk -v w=$((w1 - w0)) -v c=$((c1 - c0)) -v hz="$hz" -v wal="$wal" -v r="$rate" 'BEGIN {
+  printf "  database CPU (every process of the cluster, the worker included) %.0f us per charge: %.2f of the 150 us target (target <= 1)\n",
+         c / hz * 1e6 / 5000, c / hz * 1e6 / 5000 / 150
+  printf "  WAL %.0f bytes per charge: %.2f of the 1,536 B target (target <= 1)\n", wal / 5000, wal / 5000 / 1536
+  printf "  (the worker alone %.0f us per charge, HTTP included; %.0f charges/s)\n", w / hz * 1e6 / 5000, r }'
 
 echo "worker memory while a 100,000-record backlog drains (zero latency):"
 sql -c "UPDATE billguard.accounts SET active = true" >/dev/null

@@ -60,6 +60,21 @@ size_t OnHeader(char* data, size_t size, size_t count, void* user) {
   return bytes;
 }
 
+// Whether a failed transfer provably sent no byte of its request: the name
+// did not resolve or no connection was made, and no request was written on
+// any connection of the transfer (libcurl re-sends on a fresh connection
+// when a reused one dies, and that fresh connect may then be refused). A
+// timeout proves nothing: the same code ends a transfer whose request was
+// written and whose answer is late.
+bool NeverLeft(CURL* easy, CURLcode result) {
+  if (result != CURLE_COULDNT_RESOLVE_HOST && result != CURLE_COULDNT_RESOLVE_PROXY &&
+      result != CURLE_COULDNT_CONNECT)
+    return false;
+  long request_bytes = -1;
+  return curl_easy_getinfo(easy, CURLINFO_REQUEST_SIZE, &request_bytes) == CURLE_OK &&
+         request_bytes == 0;
+}
+
 }  // namespace
 
 void InitializeHttp() {
@@ -120,6 +135,11 @@ void HttpClient::Submit(HttpRequest request) {
   transfers_.emplace(easy, std::move(transfer));
 }
 
+void HttpClient::Start() {
+  int running = 0;
+  curl_multi_perform(static_cast<CURLM*>(multi_), &running);
+}
+
 std::vector<HttpResponse> HttpClient::Poll(int timeout_ms) {
   CURLM* multi = static_cast<CURLM*>(multi_);
   int running = 0;
@@ -144,6 +164,7 @@ std::vector<HttpResponse> HttpClient::Poll(int timeout_ms) {
       response.status = 0;
       response.transport_error =
           transfer->error[0] != '\0' ? transfer->error : curl_easy_strerror(message->data.result);
+      response.request_sent = !NeverLeft(transfer->easy, message->data.result);
     }
     finished.push_back(std::move(response));
   }

@@ -26,6 +26,7 @@ struct HttpResponse {
   std::uint64_t tag = 0;
   long status = 0;              // 0 when no HTTP response arrived
   std::string transport_error;  // why no response arrived (status 0)
+  bool request_sent = true;     // false only when it provably never left
   std::string body;
   std::string idempotent_replayed;  // header values, empty when absent
   std::string should_retry;
@@ -46,6 +47,9 @@ class HttpClient {
 
   void set_timeout_ms(long timeout_ms) { timeout_ms_ = timeout_ms; }
   void Submit(HttpRequest request);
+  // Starts the submitted requests now (connect, send) rather than at the
+  // next Poll; their answers are returned by Poll.
+  void Start();
   // Drives all transfers, waiting at most timeout_ms for activity, and
   // returns the ones that finished.
   std::vector<HttpResponse> Poll(int timeout_ms);

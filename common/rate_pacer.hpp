@@ -1,9 +1,10 @@
 // Request pacing for the dispatcher. Pure C++.
 //
 // Requests start evenly spaced at 98% of the configured rate, with no burst
-// beyond a few milliseconds of catch-up for the dispatcher's own loop: a
-// limiter that counts requests in any rolling second does not see more than
-// the limit. A 429 halves the rate, which recovers linearly over 10 seconds.
+// beyond 5 ms of catch-up for the dispatcher's own loop (a pass that ran a
+// transaction sends what came due meanwhile at once): a limiter that counts
+// requests in any rolling second sees at most 98.5% of the limit. A 429
+// halves the rate, which recovers linearly over 10 seconds.
 #pragma once
 
 #include "cpp_only.hpp"
@@ -21,14 +22,15 @@ class RatePacer {
 
   void set_rate(double per_second) { configured_ = std::max(per_second, 0.1); }
 
+  static constexpr Clock::duration kCatchUp = std::chrono::milliseconds(5);
+
   // May one more request start at `now`?
   bool Ready(Clock::time_point now) const { return now >= next_; }
 
   void Take(Clock::time_point now) {
     const auto interval =
         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(1.0 / Rate(now)));
-    const auto catch_up = std::min<Clock::duration>(interval, std::chrono::milliseconds(5));
-    next_ = std::max(next_, now - catch_up) + interval;
+    next_ = std::max(next_, now - kCatchUp) + interval;
   }
 
   // Time until the next request may start (zero when one may start now).

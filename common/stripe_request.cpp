@@ -3,7 +3,7 @@
 
 #include "stripe_request.hpp"
 
-#include <stdexcept>
+#include "errors.hpp"
 
 namespace billguard {
 
@@ -61,7 +61,8 @@ FormFields ChargeFields(const ChargeRecord& r, const std::string& endpoint) {
   } else if (endpoint == "/v1/charges") {
     if (!r.payment_method.empty()) fields.emplace_back("source", r.payment_method);
   } else {
-    throw std::invalid_argument("unsupported Stripe endpoint " + endpoint);
+    throw InvalidParameter("unsupported Stripe endpoint \"" + endpoint +
+                           "\": use /v1/payment_intents or /v1/charges");
   }
   fields.emplace_back("description", "billguard " + r.customer_id + " " + r.billing_period);
   fields.emplace_back("metadata[billguard_key]", r.idempotency_key);
@@ -73,6 +74,38 @@ FormFields ChargeFields(const ChargeRecord& r, const std::string& endpoint) {
 std::string SearchPath(const std::string& endpoint, const std::string& idempotency_key) {
   return endpoint +
          "/search?query=" + PercentEncode("metadata['billguard_key']:'" + idempotency_key + "'");
+}
+
+namespace {
+
+HttpRequest RequestTo(const StripeAccount& account, const std::string& path, std::uint64_t tag) {
+  HttpRequest request;
+  request.tag = tag;
+  request.url = account.api_base + path;
+  request.headers = {"Authorization: Bearer " + account.api_key,
+                     "Stripe-Version: " + account.stripe_version,
+                     "User-Agent: " + account.user_agent};
+  return request;
+}
+
+}  // namespace
+
+HttpRequest ChargeRequest(const StripeAccount& account, const std::string& endpoint,
+                          const std::string& body, const std::string& idempotency_key,
+                          std::uint64_t tag) {
+  HttpRequest request = RequestTo(account, endpoint, tag);
+  request.post = true;
+  request.body = body;
+  request.headers.push_back("Idempotency-Key: " + idempotency_key);
+  request.headers.push_back("Content-Type: application/x-www-form-urlencoded");
+  return request;
+}
+
+HttpRequest SearchRequest(const StripeAccount& account, const std::string& endpoint,
+                          const std::string& idempotency_key, std::uint64_t tag) {
+  HttpRequest request = RequestTo(account, SearchPath(endpoint, idempotency_key), tag);
+  request.post = false;
+  return request;
 }
 
 }  // namespace billguard

@@ -6,9 +6,12 @@
 
 #include "cpp_only.hpp"
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "http_client.hpp"
 
 namespace billguard {
 
@@ -30,11 +33,29 @@ std::string FormEncode(const FormFields& fields);
 // Percent-encoding of one URL component (RFC 3986 unreserved kept).
 std::string PercentEncode(const std::string& text);
 
-// The charge's parameters for /v1/payment_intents or /v1/charges.
+// The charge's parameters for /v1/payment_intents or /v1/charges; any other
+// endpoint is refused (InvalidParameter).
 FormFields ChargeFields(const ChargeRecord& record, const std::string& endpoint);
 
 // The search path that finds a charge by its key, e.g.
 // /v1/payment_intents/search?query=metadata%5B%27billguard_key%27%5D%3A%27<key>%27
 std::string SearchPath(const std::string& endpoint, const std::string& idempotency_key);
+
+// Where and as whom requests go: the same for every request of a process.
+struct StripeAccount {
+  std::string api_base;  // e.g. https://api.stripe.com, no trailing slash
+  std::string api_key;
+  std::string stripe_version;
+  std::string user_agent;
+};
+
+// The charge of a record: POST of its stored body to its stored endpoint
+// with its key. Every attempt passes the same endpoint and body.
+HttpRequest ChargeRequest(const StripeAccount& account, const std::string& endpoint,
+                          const std::string& body, const std::string& idempotency_key,
+                          std::uint64_t tag);
+// The search for a record's charge at the endpoint its charge was sent to.
+HttpRequest SearchRequest(const StripeAccount& account, const std::string& endpoint,
+                          const std::string& idempotency_key, std::uint64_t tag);
 
 }  // namespace billguard

@@ -5,30 +5,44 @@
 #include <string>
 #include <vector>
 
-#include "stripe_request.hpp"
+#include "stripe_response.hpp"
 
 namespace billguard {
 
+// A claimed record and the request it sends: the endpoint and body stored
+// with it by its first claim.
 struct ClaimedRecord {
-  ChargeRecord charge;
+  std::string idempotency_key;
+  std::string customer_id;
+  std::string billing_period;
+  std::string endpoint;
+  std::string body;
   int attempt = 0;
   bool search_first = false;  // reconcile before (re-)sending
 };
 
-// Outcome of recording an answer: "completed", "retry", "failed",
-// "unknown", "needs_review", "paused", "charge" (search found nothing: send
-// now) or "stale" (the attempt's lease was taken over).
-using Outcome = std::string;
+// Whether an answer was recorded: kStale when the record has moved on (the
+// attempt's lease was taken over, an operator requeued it), kLocked when
+// another session holds its row (the dispatcher never waits for one).
+enum class Recorded { kRecorded, kStale, kLocked };
 
 // The version of billguard created in this database, empty when none is.
 std::string InstalledExtensionVersion();
 long RequeueAbandoned();
 std::vector<ClaimedRecord> ClaimDueRecords(int max_rows);
-Outcome RecordChargeResponse(const ClaimedRecord& claimed, long http_status,
-                             const std::string& body, const std::string& should_retry,
-                             bool replayed);
-Outcome RecordTransportError(const ClaimedRecord& claimed, const std::string& message);
-Outcome RecordSearchResult(const ClaimedRecord& claimed, long http_status, const std::string& body);
+// One judged answer: to a charge (search == false) or to a search.
+struct JudgedAnswer {
+  const ClaimedRecord* claimed;
+  bool search = false;
+  Outcome outcome;
+  ChargeAnswer charge;
+  SearchAnswer found;
+};
+
+// Records the answers in one transaction, in order; one result each. An
+// answer never raises (its fields are typed), and a locked record does not
+// hold up the others.
+std::vector<Recorded> RecordAnswers(const std::vector<JudgedAnswer>& answers);
 // Gives back a claimed record that was never sent.
 void ReleaseClaim(const ClaimedRecord& claimed);
 

@@ -12,6 +12,7 @@
 #include "http_client.hpp"
 #include "rate_pacer.hpp"
 #include "stripe_request.hpp"
+#include "stripe_response.hpp"
 
 #include "dispatch_queue.hpp"
 #include "dispatcher.hpp"
@@ -43,26 +44,52 @@ void PublishStatus(bool paused, const std::string& reason, int in_flight, int64 
   CallPostgres([&] { PublishDispatcherStatus(paused, reason.c_str(), in_flight, sent); });
 }
 
+// SIGTERM: stop at the next pass of the loop, and cancel whatever the worker
+// may be waiting in (a lock, a slow statement) as a query cancel would, so
+// that the pass comes at once. The transaction it cancels was going to be
+// lost anyway; what it would have recorded is re-sent with the same keys.
+void HandleSigterm(SIGNAL_ARGS) {
+  const int saved_errno = errno;
+  ShutdownRequestPending = true;
+  QueryCancelPending = true;
+  InterruptPending = true;
+  SetLatch(MyLatch);
+  errno = saved_errno;
+}
+
 class Dispatcher {
  public:
   Dispatcher() : http_(settings::request_timeout_ms), pacer_(settings::max_requests_per_second) {}
 
   void Run() {
-    LoadSettings();
-    WaitForExtension();
-    const long requeued = RequeueAbandoned();
-    if (requeued > 0) Log("re-sending " + std::to_string(requeued) + " records left dispatching");
-    Log("started");
-    while (!ShutdownRequestPending) {
-      if (ConfigReloadPending) Reload();
-      const auto now = Clock::now();
-      if (!paused_ && (maybe_due_ || now >= next_poll_)) ClaimIntoReadyQueue(now);
-      SendReady();
-      for (const HttpResponse& response : http_.Poll(in_flight_.empty() ? 0 : PollMilliseconds()))
-        Handle(response);
-      PublishStatus(paused_, pause_reason_, static_cast<int>(in_flight_.size()), sent_);
-      Wait();
+    pqsignal(SIGTERM, HandleSigterm);
+    try {
+      LoadSettings();
+      WaitForExtension();
+      const long requeued = RequeueAbandoned();
+      if (requeued > 0) Log("re-sending " + std::to_string(requeued) + " records left dispatching");
+      Log("started");
+      while (!ShutdownRequestPending) {
+        if (ConfigReloadPending) Reload();
+        std::vector<Finished> finished =
+            TakeFinished(http_.Poll(in_flight_.empty() ? 0 : PollMilliseconds()));
+        // Freed slots are refilled (from the records claimed ahead, then
+        // from a claim) before anything is recorded, so that no slot idles
+        // while a transaction runs.
+        SendReady();
+        const auto now = Clock::now();
+        if (!paused_ && now >= unreachable_until_ && (maybe_due_ || now >= next_poll_))
+          ClaimIntoReadyQueue(now);
+        SendReady();
+        RecordFinished(std::move(finished));
+        PublishStatus(paused_, pause_reason_, static_cast<int>(in_flight_.size()), sent_);
+        Wait();
+      }
+    } catch (const PostgresError&) {
+      // SIGTERM cancelled a statement or a wait (see HandleSigterm).
+      if (!ShutdownRequestPending) throw;
     }
+    QueryCancelPending = false;  // nothing is left to cancel, and the line below must not be
     Log("stopping with " + std::to_string(in_flight_.size()) +
         " requests in flight; they are re-sent with the same key at the next start");
     http_.AbortAll();
@@ -74,6 +101,13 @@ class Dispatcher {
   struct InFlight {
     ClaimedRecord claimed;
     bool searching = false;
+    bool deferred = false;  // its row was locked when its answer came
+  };
+  // A request that finished, its answer waiting to be recorded.
+  struct Finished {
+    InFlight done;
+    HttpResponse response;
+    Clock::time_point retry_at{};  // when deferred: the next try
   };
 
   // Any reload resumes a pause when the key file holds a key: a key Stripe
@@ -97,6 +131,7 @@ class Dispatcher {
     ConfigReloadPending = false;
     CallPostgres([] { ProcessConfigFile(PGC_SIGHUP); });
     LoadSettings();
+    unreachable_until_ = {};  // a new api_base, say: try at once
   }
 
   void Pause(const std::string& reason) {
@@ -131,14 +166,19 @@ class Dispatcher {
     PublishStatus(paused_, pause_reason_, 0, sent_);
   }
 
-  // Claims as many due records as there is room for in flight, a fraction
-  // of a second's worth at the configured rate, so claims stay batched but
-  // a lease is never held long before its request leaves.
+  // Claims due records ahead of the free slots, in batches: up to half of
+  // max_inflight beyond them, claimed once a quarter has gone, so a slot that
+  // frees never waits for a claim and claims come a quarter of max_inflight
+  // at a time; and no more than a fifth of a second's worth at the
+  // configured rate, so a lease is never held long before its request leaves.
   void ClaimIntoReadyQueue(Clock::time_point now) {
-    const int room = settings::max_inflight - static_cast<int>(in_flight_.size() + ready_.size());
-    const int batch = std::max(1, static_cast<int>(pacer_.Rate(now) / 5));
-    const int wanted = std::min(room, batch - static_cast<int>(ready_.size()));
-    if (wanted <= 0) return;
+    const int claimed_unsent = static_cast<int>(ready_.size());
+    const int ahead = std::max(1, settings::max_inflight / 2);
+    const int per_fifth = std::max(1, static_cast<int>(pacer_.Rate(now) / 5));
+    const int wanted = std::min(
+        settings::max_inflight + ahead - static_cast<int>(in_flight_.size()) - claimed_unsent,
+        per_fifth - claimed_unsent);
+    if (wanted <= 0 || (wanted < std::min(ahead / 2, per_fifth) && claimed_unsent > 0)) return;
     std::vector<ClaimedRecord> claimed = ClaimDueRecords(wanted);
     maybe_due_ = static_cast<int>(claimed.size()) == wanted;
     if (!maybe_due_) next_poll_ = now + std::chrono::milliseconds(settings::poll_interval_ms);
@@ -146,76 +186,145 @@ class Dispatcher {
   }
 
   void SendReady() {
-    while (!ready_.empty() && !paused_) {
+    bool sent = false;
+    while (!ready_.empty() && !paused_ &&
+           static_cast<int>(in_flight_.size()) < settings::max_inflight) {
       const auto now = Clock::now();
-      if (!pacer_.Ready(now)) return;
+      if (!pacer_.Ready(now) || now < unreachable_until_) break;
       pacer_.Take(now);
       ClaimedRecord claimed = std::move(ready_.front());
       ready_.pop_front();
       const bool search = claimed.search_first;
       Send(std::move(claimed), search);
+      sent = true;
     }
+    // Out now, not after the transactions that follow in this pass.
+    if (sent) http_.Start();
   }
 
   void Send(ClaimedRecord claimed, bool search) {
-    const std::string endpoint = settings::stripe_endpoint;
-    HttpRequest request;
-    request.tag = next_tag_++;
-    request.headers = {"Authorization: Bearer " + api_key_,
-                       "Stripe-Version: " + std::string(settings::stripe_version),
-                       std::string("User-Agent: ") + kUserAgent};
-    if (search) {
-      request.post = false;
-      request.url =
-          std::string(settings::api_base) + SearchPath(endpoint, claimed.charge.idempotency_key);
-    } else {
-      request.url = std::string(settings::api_base) + endpoint;
-      request.body = FormEncode(ChargeFields(claimed.charge, endpoint));
-      request.headers.push_back("Idempotency-Key: " + claimed.charge.idempotency_key);
-      request.headers.push_back("Content-Type: application/x-www-form-urlencoded");
-    }
-    in_flight_.emplace(request.tag, InFlight{std::move(claimed), search});
+    const StripeAccount account{settings::api_base, api_key_, settings::stripe_version, kUserAgent};
+    const std::uint64_t tag = next_tag_++;
+    HttpRequest request =
+        search
+            ? SearchRequest(account, claimed.endpoint, claimed.idempotency_key, tag)
+            : ChargeRequest(account, claimed.endpoint, claimed.body, claimed.idempotency_key, tag);
+    in_flight_.emplace(tag, InFlight{std::move(claimed), search});
     http_.Submit(std::move(request));
     ++sent_;
   }
 
-  void Handle(const HttpResponse& response) {
-    auto found = in_flight_.find(response.tag);
-    if (found == in_flight_.end()) return;
-    InFlight done = std::move(found->second);
-    in_flight_.erase(found);
-    const ChargeRecord& charge = done.claimed.charge;
-    const std::string who = charge.customer_id + "/" + charge.billing_period;
-
-    Outcome outcome;
-    if (done.searching) {
-      outcome = RecordSearchResult(done.claimed, response.status, response.body);
-      if (outcome == "charge") {
-        // Not found: send the charge next, same key, paced like any request.
-        done.claimed.search_first = false;
-        ready_.push_front(std::move(done.claimed));
-        return;
+  // The requests whose transfers finished, out of in_flight_, with the
+  // deferred answers now due.
+  std::vector<Finished> TakeFinished(std::vector<HttpResponse> responses) {
+    std::vector<Finished> batch;
+    batch.reserve(responses.size());
+    for (HttpResponse& response : responses) {
+      auto found = in_flight_.find(response.tag);
+      if (found == in_flight_.end()) continue;
+      batch.push_back({std::move(found->second), std::move(response)});
+      in_flight_.erase(found);
+    }
+    const auto now = Clock::now();
+    for (auto it = deferred_.begin(); it != deferred_.end();) {
+      if (it->retry_at > now) {
+        ++it;
+        continue;
       }
-    } else if (response.status == 0) {
-      outcome = RecordTransportError(done.claimed, response.transport_error);
-    } else {
-      outcome = RecordChargeResponse(done.claimed, response.status, response.body,
-                                     response.should_retry, response.idempotent_replayed == "true");
+      batch.push_back(std::move(*it));
+      it = deferred_.erase(it);
     }
+    return batch;
+  }
 
-    if (response.status == 429) pacer_.SlowDown(Clock::now());
-    if (outcome == "paused") {
-      Pause("Stripe refused the API key (HTTP " + std::to_string(response.status) + ")");
-    } else if (outcome == "failed" || outcome == "needs_review" || outcome == "unknown") {
-      Log(who + " is " + outcome + " after HTTP " + std::to_string(response.status) +
-          (response.status == 0 ? " (" + response.transport_error + ")" : ""));
+  // Records a batch of answers in one transaction: one commit per batch,
+  // never one open while a request is in flight.
+  void RecordFinished(std::vector<Finished> batch) {
+    if (batch.empty()) return;
+
+    std::vector<JudgedAnswer> judged;
+    judged.reserve(batch.size());
+    for (const Finished& finished : batch) judged.push_back(Judge(finished));
+    const std::vector<Recorded> recorded = RecordAnswers(judged);
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      AfterRecording(std::move(batch[i]), judged[i].outcome, recorded[i]);
     }
+  }
+
+  static JudgedAnswer Judge(const Finished& finished) {
+    JudgedAnswer judged;
+    judged.claimed = &finished.done.claimed;
+    judged.search = finished.done.searching;
+    if (judged.search) {
+      judged.found = ReadSearchAnswer(finished.response, finished.done.claimed.idempotency_key);
+      judged.outcome = JudgeSearch(judged.found);
+    } else {
+      judged.charge = ReadChargeAnswer(finished.response);
+      judged.outcome =
+          JudgeCharge(judged.charge, finished.done.claimed.attempt, settings::max_attempts);
+    }
+    return judged;
+  }
+
+  // What follows from a recorded answer. One whose row another session
+  // holds locked waits in deferred_ and is recorded on a later pass.
+  void AfterRecording(Finished finished, Outcome outcome, Recorded recorded) {
+    const HttpResponse& response = finished.response;
+    if (response.status == 0 && !response.request_sent) {
+      HoldOffUnreachable(response.transport_error);
+    } else if (response.status != 0) {
+      unreachable_streak_ = 0;
+    }
+    ClaimedRecord& claimed = finished.done.claimed;
+    const std::string who = claimed.customer_id + "/" + claimed.billing_period;
+    if (recorded == Recorded::kStale) return;
+    if (recorded == Recorded::kLocked) {
+      if (!finished.done.deferred) {
+        Log(who + ": another session holds its row lock; its answer is recorded once it is free");
+      }
+      finished.done.deferred = true;
+      finished.retry_at = Clock::now() + std::chrono::seconds(1);
+      deferred_.push_back(std::move(finished));
+      return;
+    }
+    if (outcome == Outcome::kAbsent) {
+      // Not found: send the charge next, same key, paced like any request.
+      claimed.search_first = false;
+      ready_.push_front(std::move(claimed));
+      return;
+    }
+    if (response.status == 429) pacer_.SlowDown(Clock::now());
+    if (outcome == Outcome::kPaused) {
+      Pause("Stripe refused the API key (HTTP " + std::to_string(response.status) + ")");
+    } else if (outcome == Outcome::kFailed || outcome == Outcome::kNeedsReview ||
+               outcome == Outcome::kUnknown) {
+      Log(who + " is " + OutcomeName(outcome) + " after HTTP " + std::to_string(response.status) +
+          (response.status == 0 ? " (" + PrintableExcerpt(response.transport_error, 200) + ")"
+                                : ""));
+    }
+  }
+
+  // A request that provably never left (connection refused, name not
+  // resolved) means Stripe, or the way to it, is down: hold off claims and
+  // sends, 1 s doubling up to 30 s, rather than spin through the queue.
+  // Such attempts do not count, so an outage costs no attempt; any HTTP
+  // answer or a reload ends it.
+  void HoldOffUnreachable(const std::string& why) {
+    const auto now = Clock::now();
+    if (now < unreachable_until_) return;
+    const int seconds = std::min(1 << std::min(unreachable_streak_++, 5), 30);
+    unreachable_until_ = now + std::chrono::seconds(seconds);
+    for (const ClaimedRecord& claimed : ready_) ReleaseClaim(claimed);
+    ready_.clear();
+    Log("Stripe is unreachable (" + PrintableExcerpt(why, 200) + "), nothing was sent; trying " +
+        "again in " + std::to_string(seconds) + " s");
   }
 
   int PollMilliseconds() const {
     const auto until =
         std::chrono::duration_cast<std::chrono::milliseconds>(pacer_.UntilNext(Clock::now()));
-    if (!ready_.empty()) return static_cast<int>(std::clamp<long>(until.count(), 0, 5));
+    const bool may_send = static_cast<int>(in_flight_.size()) < settings::max_inflight;
+    if (!ready_.empty() && may_send) return static_cast<int>(std::clamp<long>(until.count(), 0, 5));
     return 5;
   }
 
@@ -228,6 +337,9 @@ class Dispatcher {
       const auto now = Clock::now();
       if (paused_) {
         timeout_ms = settings::poll_interval_ms;
+      } else if (now < unreachable_until_) {
+        timeout_ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(unreachable_until_ - now).count();
       } else if (!ready_.empty()) {
         timeout_ms =
             std::chrono::duration_cast<std::chrono::milliseconds>(pacer_.UntilNext(now)).count();
@@ -236,6 +348,10 @@ class Dispatcher {
             0, std::chrono::duration_cast<std::chrono::milliseconds>(next_poll_ - now).count());
       }
     }
+    // Statistics held back by pgstat_report_stat's rate limit are flushed
+    // by the time this returns (PostgresMain does the same when idle).
+    const long stats_ms = CallPostgres([] { return pgstat_report_stat(false); });
+    if (stats_ms > 0) timeout_ms = timeout_ms > 0 ? std::min(timeout_ms, stats_ms) : timeout_ms;
     if (WaitLatchFor(timeout_ms)) maybe_due_ = true;
   }
 
@@ -260,8 +376,11 @@ class Dispatcher {
   Clock::time_point next_poll_{};
   std::deque<ClaimedRecord> ready_;  // claimed, waiting for their paced start
   std::unordered_map<std::uint64_t, InFlight> in_flight_;
+  std::vector<Finished> deferred_;  // answers whose row was locked
   std::uint64_t next_tag_ = 1;
   int64 sent_ = 0;
+  Clock::time_point unreachable_until_{};  // see HoldOffUnreachable
+  int unreachable_streak_ = 0;
 };
 
 }  // namespace

@@ -78,10 +78,10 @@ extern "C" Datum billguard_billing_initiated_event(PG_FUNCTION_ARGS) {
   });
 }
 
-// billguard.is_json(text) -> boolean: whether a Stripe response body can be
-// cast to jsonb. PostgreSQL 15 has no error-free cast, and catching the
-// cast's error in PL/pgSQL costs a subtransaction per answer. De-escaping
-// strings (need_escapes) reports what jsonb refuses, such as \u0000.
+// billguard.is_json(text) -> boolean of 0.1.0, which parsed Stripe's answers
+// in SQL. 0.2.0 reads them in C++ (common/stripe_response.cpp) and drops the
+// function; the symbol stays for 0.1.0's install script and for databases
+// still at 0.1.0.
 extern "C" {
 PG_FUNCTION_INFO_V1(billguard_is_json);
 }

@@ -31,7 +31,7 @@ int max_inflight = 16;
 double max_requests_per_second = 25;
 int request_timeout_ms = 30000;
 int idempotency_window_s = 23 * 3600;
-int max_attempts = 10;
+int max_attempts = 20;
 int poll_interval_ms = 1000;
 int search_settle_delay_s = 120;
 }  // namespace billguard::settings
@@ -119,10 +119,9 @@ void DefineDispatcherSettings() {
       "Older records are searched for at Stripe before being re-sent; Stripe keeps keys >= 24 h.",
       &idempotency_window_s, 23 * 3600, 1, 7 * 24 * 3600, PGC_SIGHUP, GUC_UNIT_S, nullptr, nullptr,
       nullptr);
-  DefineCustomIntVariable("billguard.max_attempts",
-                          "Attempts before a record with indeterminate errors is marked failed.",
-                          nullptr, &max_attempts, 10, 1, 1000, PGC_SIGHUP, 0, nullptr, nullptr,
-                          nullptr);
+  DefineCustomIntVariable(
+      "billguard.max_attempts", "Attempts before a record with indeterminate errors needs review.",
+      nullptr, &max_attempts, 20, 1, 1000, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
   DefineCustomIntVariable("billguard.poll_interval",
                           "How often the dispatcher looks for due records without a wake-up.",
                           nullptr, &poll_interval_ms, 1000, 10, 3600000, PGC_SIGHUP, GUC_UNIT_MS,

@@ -1,4 +1,4 @@
-// One statement, one transaction, through SPI (see spi_transaction.hpp).
+// Statements in one transaction, through SPI (see spi_transaction.hpp).
 #include "spi_transaction.hpp"
 
 #include "pg_boundary.hpp"
@@ -64,75 +64,122 @@ MemoryContext ResultContext() {
   return context;
 }
 
-// Plain PostgreSQL code: may ereport, owns no C++ objects.
-CopiedResult RunStatement(const char* sql, int nparams, Datum* values, const char* nulls) {
+// One statement's parameters as PostgreSQL Datums, in ResultContext().
+struct StatementArguments {
+  const char* sql;
+  int nparams;
+  Datum* values;
+  char* nulls;
+};
+
+// Plain PostgreSQL code: may ereport, owns no C++ objects. Runs the
+// statements in one transaction; results[i] receives statement i's rows.
+void RunStatements(const StatementArguments* statements, int count, CopiedResult* results) {
   MemoryContext out = ResultContext();
   SetCurrentStatementStartTimestamp();
   StartTransactionCommand();
   SPI_connect();
   PushActiveSnapshot(GetTransactionSnapshot());
-  pgstat_report_activity(STATE_RUNNING, sql);
+  pgstat_report_activity(STATE_RUNNING, statements[0].sql);
 
-  int rc = SPI_execute_plan(PlanFor(sql, nparams), values, nulls, false, 0);
-  if (rc < 0) elog(ERROR, "billguard: SPI_execute_plan failed: %s", SPI_result_code_string(rc));
-
-  CopiedResult result;
-  if (SPI_tuptable != nullptr) {
-    result.rows = SPI_processed;
-    result.columns = SPI_tuptable->tupdesc->natts;
-    MemoryContext spi_context = MemoryContextSwitchTo(out);
-    result.cells = static_cast<char**>(palloc0(
-        sizeof(char*) * (result.rows * result.columns > 0 ? result.rows * result.columns : 1)));
-    for (uint64 r = 0; r < result.rows; ++r) {
-      for (int c = 0; c < result.columns; ++c) {
-        result.cells[r * result.columns + c] =
-            SPI_getvalue(SPI_tuptable->vals[r], SPI_tuptable->tupdesc, c + 1);
+  for (int s = 0; s < count; ++s) {
+    const StatementArguments& st = statements[s];
+    int rc = SPI_execute_plan(PlanFor(st.sql, st.nparams), st.values, st.nulls, false, 0);
+    if (rc < 0) elog(ERROR, "billguard: SPI_execute_plan failed: %s", SPI_result_code_string(rc));
+    CopiedResult& result = results[s];
+    if (SPI_tuptable != nullptr) {
+      result.rows = SPI_processed;
+      result.columns = SPI_tuptable->tupdesc->natts;
+      MemoryContext spi_context = MemoryContextSwitchTo(out);
+      result.cells = static_cast<char**>(palloc0(
+          sizeof(char*) * (result.rows * result.columns > 0 ? result.rows * result.columns : 1)));
+      for (uint64 r = 0; r < result.rows; ++r) {
+        for (int c = 0; c < result.columns; ++c) {
+          result.cells[r * result.columns + c] =
+              SPI_getvalue(SPI_tuptable->vals[r], SPI_tuptable->tupdesc, c + 1);
+        }
       }
+      MemoryContextSwitchTo(spi_context);
     }
-    MemoryContextSwitchTo(spi_context);
+    SPI_freetuptable(SPI_tuptable);
   }
   SPI_finish();
   PopActiveSnapshot();
   CommitTransactionCommand();
+  // As PostgreSQL's own workers do after a transaction: without it
+  // autovacuum never learns of the worker's updates and inserts while it
+  // lives. At most once a second; the idle wait flushes the rest.
+  pgstat_report_stat(false);
   pgstat_report_activity(STATE_IDLE, nullptr);
-  return result;
 }
 
 }  // namespace
 
-std::vector<SqlRow> ExecuteInTransaction(const char* sql, const std::vector<SqlValue>& params) {
-  const int nparams = static_cast<int>(params.size());
-  Datum* values = CallPostgres([&] {
+std::vector<std::vector<SqlRow>> ExecuteAllInTransaction(const std::vector<Statement>& statements) {
+  if (statements.empty()) return {};
+  const int count = static_cast<int>(statements.size());
+  auto* arguments = CallPostgres([&] {
     MemoryContext previous = MemoryContextSwitchTo(ResultContext());
-    Datum* v = static_cast<Datum*>(palloc0(sizeof(Datum) * (nparams > 0 ? nparams : 1)));
-    for (int i = 0; i < nparams; ++i) {
-      if (params[i])
-        v[i] = PointerGetDatum(cstring_to_text_with_len(params[i]->data(), params[i]->size()));
-    }
+    auto* args = static_cast<StatementArguments*>(palloc0(sizeof(StatementArguments) * count));
     MemoryContextSwitchTo(previous);
-    return v;
+    return args;
   });
-  std::string nulls(static_cast<std::size_t>(nparams), ' ');
-  for (int i = 0; i < nparams; ++i) {
-    if (!params[i]) nulls[i] = 'n';
+  for (int s = 0; s < count; ++s) {
+    const std::vector<SqlValue>& params = statements[s].params;
+    const int nparams = static_cast<int>(params.size());
+    StatementArguments& args = arguments[s];
+    args.sql = statements[s].sql;
+    args.nparams = nparams;
+    CallPostgres([&] {
+      MemoryContext previous = MemoryContextSwitchTo(ResultContext());
+      args.values = static_cast<Datum*>(palloc0(sizeof(Datum) * (nparams > 0 ? nparams : 1)));
+      args.nulls = static_cast<char*>(palloc0(nparams + 1));
+      for (int i = 0; i < nparams; ++i) {
+        args.nulls[i] = params[i] ? ' ' : 'n';
+        if (params[i])
+          args.values[i] =
+              PointerGetDatum(cstring_to_text_with_len(params[i]->data(), params[i]->size()));
+      }
+      MemoryContextSwitchTo(previous);
+    });
   }
 
-  CopiedResult result =
-      CallPostgres([&] { return RunStatement(sql, nparams, values, nulls.c_str()); });
+  std::vector<CopiedResult> results(static_cast<std::size_t>(count));
+  try {
+    CallPostgres([&] { RunStatements(arguments, count, results.data()); });
+  } catch (const PostgresError&) {
+    // The error is the caller's to judge (a cancel at SIGTERM ends the
+    // worker cleanly): leave no transaction behind.
+    CallPostgres([] {
+      AbortCurrentTransaction();
+      pgstat_report_activity(STATE_IDLE, nullptr);
+      MemoryContextReset(ResultContext());
+    });
+    throw;
+  }
 
-  std::vector<SqlRow> rows;
-  rows.reserve(result.rows);
-  for (uint64 r = 0; r < result.rows; ++r) {
-    SqlRow row;
-    row.reserve(result.columns);
-    for (int c = 0; c < result.columns; ++c) {
-      const char* cell = result.cells[r * result.columns + c];
-      row.push_back(cell ? SqlValue(cell) : std::nullopt);
+  std::vector<std::vector<SqlRow>> all;
+  all.reserve(results.size());
+  for (const CopiedResult& result : results) {
+    std::vector<SqlRow> rows;
+    rows.reserve(result.rows);
+    for (uint64 r = 0; r < result.rows; ++r) {
+      SqlRow row;
+      row.reserve(result.columns);
+      for (int c = 0; c < result.columns; ++c) {
+        const char* cell = result.cells[r * result.columns + c];
+        row.push_back(cell ? SqlValue(cell) : std::nullopt);
+      }
+      rows.push_back(std::move(row));
     }
-    rows.push_back(std::move(row));
+    all.push_back(std::move(rows));
   }
   CallPostgres([] { MemoryContextReset(ResultContext()); });
-  return rows;
+  return all;
+}
+
+std::vector<SqlRow> ExecuteInTransaction(const char* sql, const std::vector<SqlValue>& params) {
+  return std::move(ExecuteAllInTransaction({Statement{sql, params}})[0]);
 }
 
 }  // namespace billguard

@@ -23,6 +23,11 @@ CREATE TABLE billguard.billing_records (
   last_error          text,
   completed_at        timestamptz,
   updated_at          timestamptz NOT NULL DEFAULT now(),
+  -- The request of the first attempt, stored by the claim before it leaves:
+  -- every later attempt and every search use exactly these, whatever the
+  -- settings or the code say by then (billguard.charge_request_body).
+  stripe_endpoint     text,
+  request_body        text,
   CONSTRAINT billing_records_pk PRIMARY KEY (idempotency_key),
   CONSTRAINT billing_records_uq UNIQUE (customer_id, billing_period),
   CONSTRAINT billing_records_period_valid CHECK (billguard.is_billing_period(billing_period)),
@@ -41,12 +46,25 @@ CREATE INDEX billing_records_due ON billguard.billing_records (next_attempt_at)
 
 -- A billing record is a financial fact: deleting it would let the same
 -- (customer, period) be claimed again with a fresh history, and changing
--- what identifies the charge would break "same key, same parameters".
+-- what identifies the charge would break "same key, same parameters". The
+-- stored request and the charge id may be set once, never changed.
 CREATE FUNCTION billguard.refuse_billing_record_change() RETURNS trigger
   LANGUAGE plpgsql
   SET search_path = pg_catalog, pg_temp
   AS $$
 BEGIN
+  IF TG_OP = 'UPDATE' AND OLD.charge_id IS NOT NULL AND OLD.charge_id IS DISTINCT FROM NEW.charge_id THEN
+    RAISE EXCEPTION 'billing record %/% already has charge %: a charge id never changes',
+                    OLD.customer_id, OLD.billing_period, OLD.charge_id
+      USING ERRCODE = 'integrity_constraint_violation';
+  END IF;
+  IF TG_OP = 'UPDATE'
+     AND ((OLD.stripe_endpoint IS NOT NULL AND OLD.stripe_endpoint IS DISTINCT FROM NEW.stripe_endpoint)
+          OR (OLD.request_body IS NOT NULL AND OLD.request_body IS DISTINCT FROM NEW.request_body)) THEN
+    RAISE EXCEPTION 'billing record %/%: the request sent to Stripe never changes once stored',
+                    OLD.customer_id, OLD.billing_period
+      USING ERRCODE = 'integrity_constraint_violation';
+  END IF;
   IF TG_OP = 'UPDATE' THEN
     RAISE EXCEPTION 'billing record %/% : customer, period, key, amount and payee never change',
                     OLD.customer_id, OLD.billing_period
@@ -67,7 +85,10 @@ CREATE TRIGGER billing_records_frozen_identity BEFORE UPDATE ON billguard.billin
      OR OLD.amount_cents IS DISTINCT FROM NEW.amount_cents
      OR OLD.currency IS DISTINCT FROM NEW.currency
      OR OLD.stripe_customer IS DISTINCT FROM NEW.stripe_customer
-     OR OLD.payment_method IS DISTINCT FROM NEW.payment_method)
+     OR OLD.payment_method IS DISTINCT FROM NEW.payment_method
+     OR (OLD.stripe_endpoint IS NOT NULL AND OLD.stripe_endpoint IS DISTINCT FROM NEW.stripe_endpoint)
+     OR (OLD.request_body IS NOT NULL AND OLD.request_body IS DISTINCT FROM NEW.request_body)
+     OR (OLD.charge_id IS NOT NULL AND OLD.charge_id IS DISTINCT FROM NEW.charge_id))
   EXECUTE FUNCTION billguard.refuse_billing_record_change();
 
 -- How a record's status reads to a caller of bill_customer.

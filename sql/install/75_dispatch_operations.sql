@@ -67,28 +67,66 @@ BEGIN
   RETURN rec;
 END $$;
 
--- Requeues a failed or needs_review record deliberately. It keeps its key
--- and its first dispatch time, so a record older than the idempotency
--- window is searched for at Stripe before anything is re-sent.
-CREATE FUNCTION billguard.retry_record(customer_id text, billing_period text)
-  RETURNS text
-  LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-  rec billguard.billing_records;
+-- Requeues a locked record: pending, attempts 0, due now, journaled. It
+-- keeps its key, its stored request and its first dispatch time, so a record
+-- older than the idempotency window is searched for at Stripe before
+-- anything is re-sent.
+CREATE FUNCTION billguard.requeue_record(rec billguard.billing_records) RETURNS void
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
 BEGIN
-  rec := billguard.record_for_operator(retry_record.customer_id, retry_record.billing_period,
-                                       ARRAY['failed', 'needs_review'], 'retried');
   UPDATE billguard.billing_records r
      SET status = 'pending', attempts = 0, next_attempt_at = now(), updated_at = now()
    WHERE r.idempotency_key = rec.idempotency_key;
   PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'RecordRequeued',
     jsonb_build_object('previous_status', rec.status, 'last_error', rec.last_error,
                        'by', session_user));
+END $$;
+
+-- Requeues a failed or needs_review record deliberately.
+CREATE FUNCTION billguard.retry_record(customer_id text, billing_period text)
+  RETURNS text
+  LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  PERFORM billguard.requeue_record(
+    billguard.record_for_operator(retry_record.customer_id, retry_record.billing_period,
+                                  ARRAY['failed', 'needs_review'], 'retried'));
   PERFORM billguard.wake_dispatcher();
   RETURN 'pending';
 END $$;
 
--- Marks a reviewed record completed with the charge a person found.
+-- Requeues every record of a period in one status, failed or needs_review
+-- (after an outage, or once a cause is fixed); returns how many.
+CREATE FUNCTION billguard.retry_period(billing_period text, status text)
+  RETURNS bigint
+  LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  rec billguard.billing_records;
+  n   bigint := 0;
+BEGIN
+  PERFORM billguard.check_billing_period(retry_period.billing_period);
+  IF retry_period.status IS NULL OR retry_period.status NOT IN ('failed', 'needs_review') THEN
+    RAISE EXCEPTION 'retry_period requeues failed or needs_review records, not %',
+                    coalesce(quote_literal(left(retry_period.status, 40)), 'NULL')
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  FOR rec IN SELECT * FROM billguard.billing_records r
+              WHERE r.billing_period = retry_period.billing_period AND r.status = retry_period.status
+              ORDER BY r.idempotency_key
+                FOR UPDATE
+  LOOP
+    PERFORM billguard.requeue_record(rec);
+    n := n + 1;
+  END LOOP;
+  IF n > 0 THEN
+    PERFORM billguard.wake_dispatcher();
+  END IF;
+  RETURN n;
+END $$;
+
+-- Marks a reviewed record completed with the charge a person found; a
+-- record's charge id is set once.
 CREATE FUNCTION billguard.resolve_record(customer_id text, billing_period text, charge_id text)
   RETURNS text
   LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -101,6 +139,11 @@ BEGIN
   END IF;
   rec := billguard.record_for_operator(resolve_record.customer_id, resolve_record.billing_period,
                                        ARRAY['needs_review', 'failed', 'unknown'], 'resolved');
+  IF rec.charge_id IS NOT NULL THEN
+    RAISE EXCEPTION 'billing record %/% already has charge %: a charge id never changes',
+                    rec.customer_id, rec.billing_period, rec.charge_id
+      USING ERRCODE = 'integrity_constraint_violation';
+  END IF;
   UPDATE billguard.billing_records r
      SET status = 'completed', charge_id = resolve_record.charge_id, completed_at = now(),
          last_error = NULL, updated_at = now()

@@ -1,7 +1,7 @@
 # Helpers shared by the dispatcher scenarios (test/t/040..070): queries on
 # one node, polling, records and journal of one customer and period, the
 # emulator's ledger for one key, settings, and a session that holds a
-# record's row lock so the dispatcher blocks before it records an outcome.
+# record's row lock so the dispatcher cannot record an outcome.
 # Every helper takes the node and/or the emulator it works on as arguments.
 package DispatchScenario;
 
@@ -17,7 +17,7 @@ use BillguardTest qw(succeeded_charges);
 
 our @EXPORT = qw(q1 failures wait_for poll_until key_of status_of bill event_types events_of
   ledger_for_key succeeded_for_key reload_with set_rate explain_case
-  start_row_lock row_lock_taken end_row_lock dispatcher_blocked_by);
+  start_row_lock row_lock_taken end_row_lock answer_waits_for_row_lock);
 
 # The result of $sql in database postgres of $node (dies on error).
 sub q1 { my ($node, $sql) = @_; return $node->safe_psql('postgres', $sql) }
@@ -155,8 +155,8 @@ sub start_row_lock {
 	my ($node, $customer, $period) = @_;
 	# The session waits until the record is claimed (its claim committed) and
 	# then locks the row in an open transaction. The dispatcher's record_*
-	# functions lock the same row first, so the worker blocks right after its
-	# HTTP request, before it can commit any outcome.
+	# functions skip a locked row, so the worker cannot commit any outcome
+	# of its HTTP request while the lock is held.
 	my %s = (in => '', out => '', err => '');
 	$s{handle} = IPC::Run::start(
 		[ 'psql', '-XAtq', '-v', 'ON_ERROR_STOP=1', '-d', $node->connstr('postgres') ],
@@ -192,13 +192,11 @@ sub end_row_lock {
 	return;
 }
 
-# The statement of $node's dispatcher while it waits for a lock held by $holder_pid, else ''.
-sub dispatcher_blocked_by {
-	my ($node, $holder_pid) = @_;
-	return q1($node, qq{
-		SELECT a.query FROM pg_stat_activity a
-		 WHERE a.backend_type = 'billguard dispatcher' AND a.wait_event_type = 'Lock'
-		   AND $holder_pid = ANY (pg_blocking_pids(a.pid))});
+# Whether $node's dispatcher logged that the answer for $customer/$period
+# waits for a row lock another session holds.
+sub answer_waits_for_row_lock {
+	my ($node, $customer, $period) = @_;
+	return slurp_file($node->logfile) =~ /billguard dispatcher: \Q$customer\/$period\E: another session holds its row lock/;
 }
 
 1;

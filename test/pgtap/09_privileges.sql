@@ -55,6 +55,7 @@ GRANT SELECT ON billguard.dispatch_status TO billing_ops;
 GRANT EXECUTE ON FUNCTION
   billguard.dispatcher_state(),
   billguard.retry_record(text, text),
+  billguard.retry_period(text, text),
   billguard.resolve_record(text, text, text),
   billguard.cancel_record(text, text)
 TO billing_ops;
@@ -225,7 +226,7 @@ SELECT throws_ok(statement, '42501', message, 'billing_ops: ' || refused) FROM (
   ($$SELECT * FROM billguard.journal$$, 'permission denied for table journal', 'SELECT from journal refused'),
   ($$SELECT * FROM billguard.bill_period('2034-05')$$,
    'permission denied for function bill_period', 'bill_period refused'),
-  ($$SELECT * FROM billguard.claim_due_records(10, '1 minute', '23 hours')$$,
+  ($$SELECT * FROM billguard.claim_due_records(10, '1 minute', '23 hours', '/v1/payment_intents')$$,
    'permission denied for function claim_due_records', 'claim_due_records refused')
 ) AS cases (statement, message, refused);
 RESET ROLE;

@@ -8,28 +8,25 @@
 --      key); action 'search' for unknown rows and for rows first dispatched
 --      longer ago than the idempotency window, else 'charge'; a row locked by
 --      another session is skipped without waiting (SKIP LOCKED, via dblink
---      on a briefly committed row that is removed again).
---  classify_stripe_response  its truth table.
---  record_charge_response  200 -> completed + BillingCompleted (replayed
---      flag); 2xx without an id -> needs_review; 402 -> failed, terminal;
---      400 idempotency_error -> needs_review; 409/429 -> pending again with a
---      backoff, never failed even past max_attempts; 503 -> retry, failed at
---      max_attempts; 500 -> unknown, next_attempt_at = now() + settle delay;
---      401/403 -> paused, pending, the attempt not counted; Stripe-Should-
---      Retry overrides the status (not for 500: still unknown); a stale
+--      on a briefly committed row that is removed again), and an answer for
+--      it is 'locked' at once, recorded once the lock is gone.
+--  record_charge_response  each outcome the dispatcher judged (the
+--      judgement itself is unit-tested, test/unit/stripe_response_test.cpp):
+--      completed (charge id, BillingCompleted), failed (terminal
+--      BillingFailed), needs_review (NeedsReview, an unreadable body kept as
+--      text), retry (pending, backoff, BillingFailed not terminal), unknown
+--      (settle delay, ChargeUnknown), paused and not_sent (the attempt not
+--      counted; ChargeNotSent); every event carries the Request-Id; a stale
 --      attempt -> 'stale' and nothing changes.
---  record_transport_error  retry (pending, backoff), failed at max_attempts;
---      stale.
---  record_search_result  found (succeeded/processing/paid, matching key) ->
---      completed + ChargeReconciled; not found -> 'charge' and the record
---      keeps its attempt; error -> unknown with a backoff; 401 -> paused;
---      stale.
+--  record_search_result  completed (ChargeReconciled), absent (nothing
+--      changes: the charge is sent next), retry (unknown, backoff), paused
+--      and not_sent (unknown, not counted); stale.
 --  release_claim  an unsent claim goes back (pending, or unknown for a
 --      search), the attempt not counted; stale otherwise.
 --  retry_record / resolve_record  allowed statuses, 22023 / P0002
 --      otherwise, events RecordRequeued / ReviewResolved.
 BEGIN;
-SELECT plan(171);
+SELECT plan(120);
 
 -- Other suites' rows (if any) must not be claimed here.
 UPDATE billguard.billing_records SET next_attempt_at = 'infinity'
@@ -88,7 +85,7 @@ DECLARE
 BEGIN
   BEGIN
     SELECT string_agg(c.customer_id, ',' ORDER BY c.customer_id) INTO claimed
-      FROM billguard.claim_due_records(n, interval '30 seconds', interval '1 day') c;
+      FROM billguard.claim_due_records(n, interval '30 seconds', interval '1 day', '/v1/payment_intents') c;
     RAISE EXCEPTION 't10 undo';
   EXCEPTION WHEN raise_exception THEN
     NULL;
@@ -117,21 +114,25 @@ UPDATE billguard.billing_records SET status = 'dispatching', attempts = 1, first
        lease_expires_at = now() + interval '20 seconds', next_attempt_at = now() + interval '20 seconds'
  WHERE customer_id = 't10_leased';
 
-CREATE TEMP TABLE t10_c1 AS SELECT * FROM billguard.claim_due_records(1, interval '30 seconds', interval '1 day');
+SET LOCAL synchronous_commit = off;    -- the dispatcher's session setting: answers commit asynchronously
+CREATE TEMP TABLE t10_c1 AS SELECT * FROM billguard.claim_due_records(1, interval '30 seconds', interval '1 day', '/v1/payment_intents');
+SELECT is(current_setting('synchronous_commit'), 'on',
+          'a claim''s transaction commits with synchronous_commit on: flushed before any request leaves');
 SELECT results_eq($$SELECT customer_id, attempt, action FROM t10_c1$$,
                   $$VALUES ('t10_due1', 1, 'charge')$$,
                   'claim (max_rows 1): the most overdue row, attempt 1, action charge');
 
-CREATE TEMP TABLE t10_c2 AS SELECT * FROM billguard.claim_due_records(100, interval '30 seconds', interval '1 day');
+CREATE TEMP TABLE t10_c2 AS SELECT * FROM billguard.claim_due_records(100, interval '30 seconds', interval '1 day', '/v1/payment_intents');
 SELECT results_eq($$SELECT customer_id, attempt, action FROM t10_c2 ORDER BY customer_id$$,
                   $$VALUES ('t10_due2', 1, 'charge'), ('t10_expired', 2, 'charge'), ('t10_old', 3, 'search'),
                            ('t10_unknown', 2, 'search')$$,
                   'claim: exactly the due rows (pending, unknown, expired lease); search for unknown and for a first dispatch older than the window');
-SELECT results_eq($$SELECT idempotency_key, billing_period, amount_cents, currency, stripe_customer, payment_method
+SELECT results_eq($$SELECT idempotency_key, billing_period, stripe_endpoint, request_body
                       FROM t10_c2 WHERE customer_id = 't10_due2'$$,
-                  $$SELECT pg_temp.t10_key('due2'), '2031-10', (SELECT amount_cents FROM billguard.accounts WHERE customer_id = 't10_due2'),
-                           'eur', 'cus_t10_due2', NULL::text$$,
-                  'claim returns the stored key, period, amount, currency, payee and payment method');
+                  $$SELECT pg_temp.t10_key('due2'), '2031-10', '/v1/payment_intents',
+                           billguard.charge_request_body('/v1/payment_intents', pg_temp.t10_key('due2'), 't10_due2', '2031-10',
+                             (SELECT amount_cents FROM billguard.accounts WHERE customer_id = 't10_due2'), 'eur', 'cus_t10_due2', NULL)$$,
+                  'claim returns the stored key, period, and the request it stored: endpoint and body');
 SELECT results_eq($$SELECT customer_id, status, attempts, lease_expires_at, next_attempt_at
                       FROM billguard.billing_records WHERE customer_id IN ('t10_due1', 't10_due2', 't10_expired', 't10_old', 't10_unknown')
                      ORDER BY customer_id$$,
@@ -165,26 +166,34 @@ SELECT results_eq($$SELECT customer_id, seq_nr, (event ->> 'attempt')::int, even
                            ('t10_old', 2::bigint, 3, 'search', pg_temp.t10_key('old'), now()),
                            ('t10_unknown', 2::bigint, 2, 'search', pg_temp.t10_key('unknown'), now())$$,
                   'one ChargeAttempted per claim: attempt, action, the stored key, at');
-SELECT is((SELECT count(*) FROM billguard.claim_due_records(100, interval '30 seconds', interval '1 day')), 0::bigint,
+SELECT is((SELECT count(*) FROM billguard.claim_due_records(100, interval '30 seconds', interval '1 day', '/v1/payment_intents')), 0::bigint,
           'claiming again at once: nothing is due (leases)');
 
 -- Re-claim after the lease expired: attempts 2, first_dispatched_at kept.
 UPDATE billguard.billing_records SET next_attempt_at = now() - interval '1 second',
        first_dispatched_at = now() - interval '1 hour' WHERE customer_id = 't10_due1';
-SELECT results_eq($$SELECT customer_id, attempt, action FROM billguard.claim_due_records(100, interval '30 seconds', interval '1 day')$$,
+SELECT results_eq($$SELECT customer_id, attempt, action FROM billguard.claim_due_records(100, interval '30 seconds', interval '1 day', '/v1/payment_intents')$$,
                   $$VALUES ('t10_due1', 2, 'charge')$$, 're-claim after the lease: attempt 2, still a charge inside the window');
 SELECT is((pg_temp.t10_r('due1')).first_dispatched_at, now() - interval '1 hour', 're-claim keeps first_dispatched_at');
 SELECT is((SELECT (event ->> 'attempt')::int FROM billguard.journal WHERE persistence_id = 'billing-t10_due1-2031-10' AND seq_nr = 3),
           2, 're-claim writes ChargeAttempted attempt 2 at seq_nr 3');
 UPDATE billguard.billing_records SET next_attempt_at = now() - interval '1 second' WHERE customer_id = 't10_due1';
-SELECT results_eq($$SELECT customer_id, attempt, action FROM billguard.claim_due_records(100, interval '30 seconds', interval '30 minutes')$$,
+SELECT results_eq($$SELECT customer_id, attempt, action FROM billguard.claim_due_records(100, interval '30 seconds', interval '30 minutes', '/v1/payment_intents')$$,
                   $$VALUES ('t10_due1', 3, 'search')$$,
                   'first dispatched 1 hour ago, window 30 minutes: search first');
+UPDATE billguard.billing_records SET next_attempt_at = now() - interval '1 second', created_at = now() - interval '2 days'
+ WHERE customer_id = 't10_spare';
+SELECT results_eq($$SELECT customer_id, attempt, action FROM billguard.claim_due_records(100, interval '30 seconds', interval '1 day', '/v1/payment_intents')$$,
+                  $$VALUES ('t10_spare', 1, 'search')$$,
+                  'never dispatched, but claimed (created) 2 days ago, window 1 day: search first (a restored backup)');
+UPDATE billguard.billing_records SET status = 'pending', attempts = 0, next_attempt_at = '1995-01-01', created_at = now(),
+       first_dispatched_at = NULL WHERE customer_id = 't10_spare';
 
 ------------------------------------------------------------------------------
 -- SKIP LOCKED: a row committed by another session and locked by a third is
--- skipped, not waited for. The row is committed for this check only and
--- removed again (its table refuses DELETE; replica mode skips that trigger).
+-- skipped, not waited for, by claims and by the recording of answers. The
+-- row is committed for this check only and removed again (its table refuses
+-- DELETE; replica mode skips that trigger).
 CREATE EXTENSION IF NOT EXISTS dblink;
 SELECT is(dblink_connect('t10_locker', format('host=%s port=%s dbname=%s user=%s',
             coalesce(nullif(split_part(current_setting('unix_socket_directories'), ',', 1), ''), '127.0.0.1'),
@@ -194,10 +203,11 @@ SELECT is(dblink_exec('t10_locker', $$SET session_replication_role = replica$$),
 SELECT is(dblink_exec('t10_locker', $$DELETE FROM billguard.billing_records WHERE customer_id = 't10_skiplocked'$$), 'DELETE 0',
           '(no row left over from an earlier run)');
 SELECT is(dblink_exec('t10_locker', $$INSERT INTO billguard.billing_records
-            (customer_id, billing_period, idempotency_key, amount_cents, currency, stripe_customer, next_attempt_at)
+            (customer_id, billing_period, idempotency_key, amount_cents, currency, stripe_customer, status, attempts,
+             next_attempt_at)
             VALUES ('t10_skiplocked', '2031-10', billguard.idempotency_key('t10_skiplocked', '2031-10'), 100, 'usd',
-                    'cus_t10_skiplocked', '1990-01-01')$$),
-          'INSERT 0 1', 'SKIP LOCKED: a pending row, the most overdue, is committed');
+                    'cus_t10_skiplocked', 'dispatching', 1, '1990-01-01')$$),
+          'INSERT 0 1', 'SKIP LOCKED: a dispatching row (attempt 1) whose lease expired, the most overdue, is committed');
 UPDATE billguard.billing_records SET next_attempt_at = '1995-01-01' WHERE customer_id = 't10_spare';
 SELECT is(pg_temp.t10_claim_undone(1), 't10_skiplocked', 'SKIP LOCKED: unlocked, it is the row a claim of 1 takes');
 SELECT is(dblink_exec('t10_locker', 'BEGIN'), 'BEGIN', 'SKIP LOCKED: the second session begins');
@@ -205,200 +215,147 @@ SELECT is((SELECT c FROM dblink('t10_locker', $$SELECT customer_id FROM billguar
                                                WHERE customer_id = 't10_skiplocked' FOR UPDATE$$) AS t(c text)),
           't10_skiplocked', 'SKIP LOCKED: the second session locks the row');
 SET LOCAL statement_timeout = '5s';
-CREATE TEMP TABLE t10_skip AS SELECT * FROM billguard.claim_due_records(1, interval '30 seconds', interval '1 day');
+CREATE TEMP TABLE t10_skip AS SELECT * FROM billguard.claim_due_records(1, interval '30 seconds', interval '1 day', '/v1/payment_intents');
 RESET statement_timeout;
 SELECT results_eq($$SELECT customer_id FROM t10_skip$$, $$VALUES ('t10_spare')$$,
                   'SKIP LOCKED: the claim skips the locked row at once and takes the next due one');
-SELECT results_eq($$SELECT status, attempts FROM billguard.billing_records WHERE customer_id = 't10_skiplocked'$$,
-                  $$VALUES ('pending', 0)$$, 'SKIP LOCKED: the locked row is untouched');
+SET LOCAL statement_timeout = '5s';
+SELECT is(billguard.record_charge_response(pg_temp.t10_key('skiplocked'), 1, 'completed', 200, 'pi_t10locked', false,
+            'req_t10', NULL, NULL, NULL, NULL, NULL, '2 minutes')
+          || '/' || billguard.record_search_result(pg_temp.t10_key('skiplocked'), 1, 'retry', 500, NULL, 'req_t10',
+            'search failed with HTTP 500'),
+          'locked/locked', 'SKIP LOCKED: an answer and a search result for the locked record: locked, at once');
+RESET statement_timeout;
+SELECT results_eq($$SELECT status, attempts, charge_id FROM billguard.billing_records WHERE customer_id = 't10_skiplocked'$$,
+                  $$VALUES ('dispatching', 1, NULL::text)$$, 'SKIP LOCKED: the locked row is untouched');
 SELECT is(dblink_exec('t10_locker', 'ROLLBACK'), 'ROLLBACK', 'SKIP LOCKED: the second session lets go');
+SAVEPOINT t10_unlocked;
+SELECT is(billguard.record_charge_response(pg_temp.t10_key('skiplocked'), 1, 'completed', 200, 'pi_t10locked', false,
+            'req_t10', NULL, NULL, NULL, NULL, NULL, '2 minutes'),
+          'recorded', 'SKIP LOCKED: once the lock is gone the same answer is recorded');
+ROLLBACK TO SAVEPOINT t10_unlocked;
 SELECT is(dblink_exec('t10_locker', $$DELETE FROM billguard.billing_records WHERE customer_id = 't10_skiplocked'$$), 'DELETE 1',
           '(the committed row is removed again)');
 SELECT is(dblink_disconnect('t10_locker'), 'OK', '(the second session disconnects)');
 
 ------------------------------------------------------------------------------
--- classify_stripe_response
-CREATE TEMP TABLE t10_classify (n serial, http_status int, should_retry boolean, error_type text, error_code text, expected text);
-INSERT INTO t10_classify (http_status, should_retry, error_type, error_code, expected) VALUES
-  (200, NULL, NULL, NULL, 'completed'),
-  (201, NULL, NULL, NULL, 'completed'),
-  (200, false, NULL, NULL, 'completed'),
-  (401, NULL, 'invalid_request_error', NULL, 'paused'),
-  (403, NULL, 'invalid_request_error', NULL, 'paused'),
-  (401, true, 'invalid_request_error', NULL, 'paused'),
-  (400, NULL, 'idempotency_error', NULL, 'needs_review'),
-  (400, true, 'idempotency_error', NULL, 'needs_review'),
-  (409, NULL, 'idempotency_error', 'idempotency_key_in_use', 'retry'),
-  (409, false, 'idempotency_error', 'idempotency_key_in_use', 'failed'),
-  (429, NULL, 'rate_limit_error', 'rate_limit', 'retry'),
-  (429, false, 'rate_limit_error', 'rate_limit', 'failed'),
-  (500, NULL, 'api_error', NULL, 'unknown'),
-  (500, true, 'api_error', NULL, 'retry'),
-  (500, false, 'api_error', NULL, 'unknown'),
-  (502, NULL, 'api_error', NULL, 'retry'),
-  (503, NULL, 'api_error', NULL, 'retry'),
-  (504, NULL, NULL, NULL, 'retry'),
-  (503, false, 'api_error', NULL, 'failed'),
-  (599, NULL, NULL, NULL, 'retry'),
-  (402, NULL, 'card_error', 'card_declined', 'failed'),
-  (402, true, 'card_error', 'card_declined', 'retry'),
-  (400, NULL, 'invalid_request_error', 'parameter_missing', 'failed'),
-  (404, NULL, 'invalid_request_error', 'resource_missing', 'failed'),
-  (400, false, 'invalid_request_error', NULL, 'failed'),
-  (400, true, 'invalid_request_error', NULL, 'retry');
-SELECT is(billguard.classify_stripe_response(http_status, should_retry, error_type, error_code), expected,
-          format('classify %s should_retry=%s %s/%s -> %s', http_status, coalesce(should_retry::text, '-'),
-                 coalesce(error_type, '-'), coalesce(error_code, '-'), expected))
-  FROM t10_classify ORDER BY n;
+-- record_charge_response(key, attempt, outcome, http_status, charge_id, replayed, request_id,
+--   error_type, error_code, decline_code, message, body_excerpt, settle_delay, unsent_delay):
+-- the dispatcher judged the answer (common/stripe_response.cpp, unit-tested);
+-- SQL records each outcome.
+CREATE FUNCTION pg_temp.t10_answer(c text, attempt int, outcome text, http_status int, charge_id text DEFAULT NULL,
+                                   error_type text DEFAULT NULL, error_code text DEFAULT NULL,
+                                   message text DEFAULT NULL, body text DEFAULT NULL) RETURNS text LANGUAGE sql AS $$
+  SELECT billguard.record_charge_response(pg_temp.t10_key(c), attempt, outcome, http_status, charge_id,
+           true, 'req_t10' || c, error_type, error_code,
+           CASE WHEN error_code = 'card_declined' THEN 'generic_decline' END, message, body,
+           interval '7 minutes') $$;
 
-------------------------------------------------------------------------------
--- record_charge_response(key, attempt, status, body, should_retry, replayed, max_attempts, settle_delay)
-
--- 200, replayed
-SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('r200', 2), 2, 200,
-            '{"id":"pi_t10r200","object":"payment_intent","status":"succeeded"}', NULL, true, 10, interval '2 minutes'),
-          'completed', '200: completed');
+-- completed
+SELECT is(pg_temp.t10_answer('r200', (SELECT 2 FROM pg_temp.t10_dispatching('r200', 2)), 'completed', 200, 'pi_t10r200'),
+          'recorded', 'completed: recorded');
 SELECT results_eq($$SELECT status, charge_id, completed_at, lease_expires_at, last_error, attempts FROM pg_temp.t10_r('r200')$$,
                   $$VALUES ('completed', 'pi_t10r200', now(), NULL::timestamptz, NULL::text, 2)$$,
-                  '200: the record is completed with the id, now, no lease, no error');
-SELECT is(pg_temp.t10_last_type('r200'), 'BillingCompleted', '200: BillingCompleted');
-SELECT is(pg_temp.t10_last('r200'), '{"charge_id": "pi_t10r200", "replayed": true, "http_status": 200, "attempt": 2}'::jsonb,
-          '200: BillingCompleted carries charge_id, replayed = true, http_status, attempt');
-SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('r200b', 1), 1, 200,
-            '{"id":"pi_t10r200b","status":"succeeded"}', 'false', NULL, 10, interval '2 minutes'),
-          'completed', '200 with Stripe-Should-Retry false, replayed NULL: completed');
-SELECT is(pg_temp.t10_last('r200b') -> 'replayed', 'false'::jsonb, '200: replayed = false when not replayed');
+                  'completed: the record is completed with the id, now, no lease, no error');
+SELECT is(pg_temp.t10_last_type('r200'), 'BillingCompleted', 'completed: BillingCompleted');
+SELECT is(pg_temp.t10_last('r200'),
+          '{"charge_id": "pi_t10r200", "replayed": true, "http_status": 200, "attempt": 2, "request_id": "req_t10r200"}'::jsonb,
+          'BillingCompleted carries charge_id, replayed, http_status, attempt and Stripe''s Request-Id');
 
--- 2xx without an id
-SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('r200noid', 1), 1, 200, '{"object":"payment_intent"}',
-            NULL, false, 10, interval '2 minutes'),
-          'needs_review', '200 without an id: needs_review');
-SELECT results_eq($$SELECT status, charge_id FROM pg_temp.t10_r('r200noid')$$, $$VALUES ('needs_review', NULL::text)$$,
-                  '200 without an id: needs_review, no charge id');
-SELECT is(pg_temp.t10_last_type('r200noid'), 'NeedsReview', '200 without an id: NeedsReview event');
-
--- 402
-SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('r402', 1), 1, 402,
-            '{"error":{"type":"card_error","code":"card_declined","decline_code":"generic_decline","message":"Your card was declined."}}',
-            NULL, false, 10, interval '2 minutes'),
-          'failed', '402: failed');
+-- failed
+SELECT is(pg_temp.t10_answer('r402', (SELECT 1 FROM pg_temp.t10_dispatching('r402', 1)), 'failed', 402, NULL,
+            'card_error', 'card_declined', 'Your card was declined.'),
+          'recorded', 'failed: recorded');
 SELECT results_eq($$SELECT status, charge_id, last_error, lease_expires_at FROM pg_temp.t10_r('r402')$$,
                   $$VALUES ('failed', NULL::text, '402 card_error/card_declined: Your card was declined.', NULL::timestamptz)$$,
-                  '402: failed with last_error "402 card_error/card_declined: ..."');
-SELECT is(pg_temp.t10_last_type('r402'), 'BillingFailed', '402: BillingFailed');
+                  'failed: last_error "402 card_error/card_declined: ..."');
 SELECT is(pg_temp.t10_last('r402'),
           '{"http_status": 402, "type": "card_error", "code": "card_declined", "decline_code": "generic_decline",
-            "message": "Your card was declined.", "attempt": 1, "terminal": true}'::jsonb,
-          '402: BillingFailed terminal, with the Stripe error');
+            "message": "Your card was declined.", "request_id": "req_t10r402", "attempt": 1, "terminal": true}'::jsonb,
+          'failed: BillingFailed terminal, with the Stripe error and the Request-Id');
 
--- 400 idempotency_error
-SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('r400', 1), 1, 400,
-            '{"error":{"type":"idempotency_error","message":"Keys for idempotent requests can only be used with the same parameters they were first used with."}}',
-            NULL, false, 10, interval '2 minutes'),
-          'needs_review', '400 idempotency_error: needs_review');
-SELECT results_eq($$SELECT status, lease_expires_at, last_error LIKE '400 idempotency_error: Keys for idempotent%' FROM pg_temp.t10_r('r400')$$,
-                  $$VALUES ('needs_review', NULL::timestamptz, true)$$, '400 idempotency_error: needs_review, last_error');
-SELECT is(pg_temp.t10_last_type('r400'), 'NeedsReview', '400 idempotency_error: NeedsReview event');
-SELECT is(pg_temp.t10_last('r400') ->> 'type', 'idempotency_error', '400 idempotency_error: the event names the type');
+-- needs_review
+SELECT is(pg_temp.t10_answer('r400', (SELECT 1 FROM pg_temp.t10_dispatching('r400', 1)), 'needs_review', 400, NULL,
+            'idempotency_error', NULL, 'Keys for idempotent requests can only be used with the same parameters.'),
+          'recorded', 'needs_review: recorded');
+SELECT results_eq($$SELECT status, lease_expires_at, last_error FROM pg_temp.t10_r('r400')$$,
+                  $$VALUES ('needs_review', NULL::timestamptz,
+                            '400 idempotency_error: Keys for idempotent requests can only be used with the same parameters.')$$,
+                  'needs_review: no lease, last_error');
+SELECT is(pg_temp.t10_last_type('r400') || ' ' || (pg_temp.t10_last('r400') ->> 'request_id'), 'NeedsReview req_t10r400',
+          'needs_review: NeedsReview with the Request-Id');
+SELECT is(pg_temp.t10_answer('r200noid', (SELECT 1 FROM pg_temp.t10_dispatching('r200noid', 1)), 'needs_review', 200, NULL,
+            'api_error', NULL, 'success response without an object id', '{"object": 1e1000000}'),
+          'recorded', 'needs_review of an unreadable 2xx: recorded');
+SELECT is(pg_temp.t10_last('r200noid') ->> 'body', '{"object": 1e1000000}',
+          'an unreadable body is kept as text in the event, for people (never parsed)');
 
--- 409 and 429 past max_attempts: retried, never failed
-SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('r409', 10), 10, 409,
-            '{"error":{"type":"idempotency_error","code":"idempotency_key_in_use","message":"in use"}}',
-            NULL, false, 3, interval '2 minutes'),
-          'retry', '409 in_use at attempt 10 of max 3: retry');
-SELECT results_eq($$SELECT status, lease_expires_at, next_attempt_at BETWEEN now() + interval '30 seconds' AND now() + interval '60 seconds'
-                      FROM pg_temp.t10_r('r409')$$,
-                  $$VALUES ('pending', NULL::timestamptz, true)$$,
-                  '409: pending again, next attempt in the future (backoff capped at 60 s, jitter from 50%)');
-SELECT is(pg_temp.t10_last('r409') - 'message',
-          '{"http_status": 409, "type": "idempotency_error", "code": "idempotency_key_in_use", "attempt": 10, "terminal": false}'::jsonb,
-          '409: BillingFailed, not terminal');
-SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('r429', 5), 5, 429,
-            '{"error":{"type":"rate_limit_error","code":"rate_limit","message":"Too many requests"}}',
-            NULL, false, 3, interval '2 minutes'),
-          'retry', '429 at attempt 5 of max 3: retry');
-SELECT results_eq($$SELECT status, next_attempt_at > now(), last_error FROM pg_temp.t10_r('r429')$$,
-                  $$VALUES ('pending', true, '429 rate_limit_error/rate_limit: Too many requests')$$,
-                  '429: pending again, next attempt in the future, last_error');
-SELECT is((pg_temp.t10_last('r429') ->> 'terminal')::boolean, false, '429: BillingFailed, not terminal');
+-- retry
+SELECT is(pg_temp.t10_answer('r503', (SELECT 1 FROM pg_temp.t10_dispatching('r503', 1)), 'retry', 503, NULL,
+            'api_error', NULL, 'unavailable'),
+          'recorded', 'retry: recorded');
+SELECT results_eq($$SELECT status, attempts, lease_expires_at, next_attempt_at > now(), last_error FROM pg_temp.t10_r('r503')$$,
+                  $$VALUES ('pending', 1, NULL::timestamptz, true, '503 api_error: unavailable')$$,
+                  'retry: pending, the attempt counted, due after a backoff, last_error');
+SELECT is(pg_temp.t10_last('r503'),
+          '{"http_status": 503, "type": "api_error", "message": "unavailable", "request_id": "req_t10r503", "attempt": 1, "terminal": false}'::jsonb,
+          'retry: BillingFailed, not terminal');
+SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('net', 1), 1, 'retry', 0, NULL, false, NULL, 'network', NULL,
+            NULL, 'Operation timed out after 30000 milliseconds', NULL, '7 minutes'),
+          'recorded', 'retry after a timeout: recorded');
+SELECT results_eq($$SELECT status, next_attempt_at > now(), last_error FROM pg_temp.t10_r('net')$$,
+                  $$VALUES ('pending', true, 'network: Operation timed out after 30000 milliseconds')$$,
+                  'retry after a timeout: pending, backoff, last_error "network: ..."');
+SELECT is(pg_temp.t10_last('net'),
+          '{"type": "network", "message": "Operation timed out after 30000 milliseconds", "attempt": 1, "terminal": false}'::jsonb,
+          'retry after a timeout: BillingFailed type network, not terminal');
 
--- 503: retry, then failed at max_attempts
-SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('r503', 1), 1, 503,
-            '{"error":{"type":"api_error","message":"unavailable"}}', NULL, false, 3, interval '2 minutes'),
-          'retry', '503 at attempt 1 of 3: retry');
-SELECT results_eq($$SELECT status, next_attempt_at BETWEEN now() + interval '0.25 seconds' AND now() + interval '0.5 seconds'
-                      FROM pg_temp.t10_r('r503')$$,
-                  $$VALUES ('pending', true)$$, '503: pending, first backoff 0.25..0.5 s');
-SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('r503last', 3), 3, 503,
-            '{"error":{"type":"api_error","message":"unavailable"}}', NULL, false, 3, interval '2 minutes'),
-          'failed', '503 at attempt 3 of 3: failed');
-SELECT is((pg_temp.t10_r('r503last')).status, 'failed', '503 at max_attempts: the record is failed');
-SELECT is((pg_temp.t10_last('r503last') ->> 'terminal')::boolean, true, '503 at max_attempts: BillingFailed terminal');
-
--- 500: unknown, searched after the settle delay
-SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('r500', 1), 1, 500,
-            '{"error":{"type":"api_error","message":"An unknown error occurred"}}', NULL, false, 10, interval '7 minutes'),
-          'unknown', '500: unknown');
+-- unknown
+SELECT is(pg_temp.t10_answer('r500', (SELECT 1 FROM pg_temp.t10_dispatching('r500', 1)), 'unknown', 500, NULL,
+            'api_error', NULL, 'An unknown error occurred'),
+          'recorded', 'unknown: recorded');
 SELECT results_eq($$SELECT status, next_attempt_at, lease_expires_at, charge_id, last_error FROM pg_temp.t10_r('r500')$$,
                   $$VALUES ('unknown', now() + interval '7 minutes', NULL::timestamptz, NULL::text,
                             '500 api_error: An unknown error occurred')$$,
-                  '500: unknown, next_attempt_at = now() + settle delay, no charge id');
-SELECT is(pg_temp.t10_last_type('r500'), 'ChargeUnknown', '500: ChargeUnknown event');
-SELECT is(pg_temp.t10_last('r500') ->> 'http_status', '500', '500: the event has http_status 500');
-SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('sr500false', 10), 10, 500,
-            '{"error":{"type":"api_error"}}', 'false', false, 3, interval '7 minutes'),
-          'unknown', '500 with Stripe-Should-Retry false, past max_attempts: still unknown, never failed');
+                  'unknown: next_attempt_at = now() + settle delay, no charge id');
+SELECT is(pg_temp.t10_last_type('r500') || ' ' || (pg_temp.t10_last('r500') ->> 'request_id'), 'ChargeUnknown req_t10r500',
+          'unknown: ChargeUnknown with the Request-Id');
 
--- 401 / 403: paused, the attempt is not counted
-SELECT is(pg_temp.t10_nevents('r401'), 1::bigint, '(401: only BillingInitiated so far)');
-SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('r401', 4), 4, 401,
-            '{"error":{"type":"invalid_request_error","message":"Invalid API Key provided: sk_test_****"}}', NULL, false, 3,
-            interval '2 minutes'),
-          'paused', '401: paused');
+-- paused
+SELECT is(pg_temp.t10_answer('r401', (SELECT 4 FROM pg_temp.t10_dispatching('r401', 4)), 'paused', 401, NULL,
+            'invalid_request_error', NULL, 'Invalid API Key provided: sk_test_****'),
+          'recorded', 'paused: recorded');
 SELECT results_eq($$SELECT status, attempts, next_attempt_at, lease_expires_at, last_error FROM pg_temp.t10_r('r401')$$,
                   $$VALUES ('pending', 3, now(), NULL::timestamptz, NULL::text)$$,
-                  '401: pending, due now, the attempt not counted, no error recorded');
-SELECT is(pg_temp.t10_nevents('r401'), 1::bigint, '401: no event');
-SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('r403', 1), 1, 403, '{"error":{"type":"invalid_request_error"}}',
-            'false', false, 3, interval '2 minutes'),
-          'paused', '403 (even with Should-Retry false): paused');
-SELECT results_eq($$SELECT status, attempts FROM pg_temp.t10_r('r403')$$, $$VALUES ('pending', 0)$$, '403: pending, attempts back to 0');
+                  'paused: pending, due now, the attempt not counted, no error recorded');
+SELECT is(pg_temp.t10_nevents('r401'), 1::bigint, 'paused: no event');
 
--- Stripe-Should-Retry overrides the status
-SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('srtrue', 1), 1, 402,
-            '{"error":{"type":"card_error","code":"processing_error","message":"try again"}}', 'True', false, 10, interval '2 minutes'),
-          'retry', '402 with Stripe-Should-Retry: True (any case): retry');
-SELECT is((pg_temp.t10_r('srtrue')).status, 'pending', 'Should-Retry true: pending');
-SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('srfalse', 1), 1, 503,
-            '{"error":{"type":"api_error","message":"no"}}', 'false', false, 10, interval '2 minutes'),
-          'failed', '503 with Stripe-Should-Retry: false: failed');
-SELECT is((pg_temp.t10_r('srfalse')).status, 'failed', 'Should-Retry false: failed');
-
--- A body that is not JSON
-SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('r502html', 1), 1, 502,
-            '<html>Bad gateway</html>', NULL, false, 10, interval '2 minutes'),
-          'retry', '502 with an HTML body: retry');
-SELECT is((pg_temp.t10_r('r502html')).last_error, '502', '502 with an HTML body: last_error "502"');
+-- not_sent
+SELECT is(billguard.record_charge_response(pg_temp.t10_dispatching('netlast', 3), 3, 'not_sent', 0, NULL, false, NULL, 'network',
+            NULL, NULL, 'Failed to connect to 127.0.0.1 port 9: Connection refused', NULL, '7 minutes'),
+          'recorded', 'not_sent: recorded');
+SELECT results_eq($$SELECT status, attempts, next_attempt_at, lease_expires_at, last_error FROM pg_temp.t10_r('netlast')$$,
+                  $$VALUES ('pending', 2, now(), NULL::timestamptz,
+                            'not sent: Failed to connect to 127.0.0.1 port 9: Connection refused')$$,
+                  'not_sent: pending, the attempt not counted, due again (the dispatcher holds off while Stripe is unreachable)');
+SELECT is(pg_temp.t10_last('netlast'),
+          '{"attempt": 3, "message": "Failed to connect to 127.0.0.1 port 9: Connection refused"}'::jsonb,
+          'not_sent: a ChargeNotSent event');
+SELECT is(pg_temp.t10_last_type('netlast'), 'ChargeNotSent', 'not_sent: ChargeNotSent');
 
 -- Stale attempts change nothing
 CREATE TEMP TABLE t10_stale_key AS SELECT pg_temp.t10_dispatching('stale', 3) AS key;
 CREATE TEMP TABLE t10_stale_before AS SELECT * FROM pg_temp.t10_r('stale');
-SELECT is(billguard.record_charge_response(pg_temp.t10_key('stale'), 2, 200, '{"id":"pi_t10stale"}', NULL, false, 10,
-            interval '2 minutes'),
-          'stale', 'record_charge_response for attempt 2 of a record at attempt 3: stale');
-SELECT is(billguard.record_charge_response(pg_temp.t10_key('stale'), 4, 402, '{"error":{"type":"card_error"}}', NULL, false, 10,
-            interval '2 minutes'),
-          'stale', 'record_charge_response for a later attempt number: stale');
-SELECT is(billguard.record_charge_response(pg_temp.t10_key('r200'), 2, 500, '{"error":{"type":"api_error"}}', NULL, false, 10,
-            interval '2 minutes'),
-          'stale', 'record_charge_response for a completed record (its attempt): stale');
-SELECT is(billguard.record_transport_error(pg_temp.t10_key('stale'), 2, 'timeout', 10), 'stale',
-          'record_transport_error for a stale attempt: stale');
-SELECT is(billguard.record_search_result(pg_temp.t10_key('stale'), 2, 200, '{"data":[]}'), 'stale',
-          'record_search_result for a stale attempt: stale');
-SELECT is(billguard.record_charge_response('0123456789abcdef0123456789abcdef', 1, 200, '{"id":"pi_x"}', NULL, false, 10,
-            interval '2 minutes'),
-          'stale', 'record_charge_response for a key without a record: stale');
+SELECT is(pg_temp.t10_answer('stale', 2, 'completed', 200, 'pi_t10stale'), 'stale',
+          'an answer to attempt 2 of a record at attempt 3: stale');
+SELECT is(pg_temp.t10_answer('stale', 4, 'failed', 402, NULL, 'card_error'), 'stale',
+          'an answer to a later attempt number: stale');
+SELECT is(pg_temp.t10_answer('r200', 2, 'unknown', 500), 'stale', 'an answer to a completed record (its attempt): stale');
+SELECT is(billguard.record_search_result(pg_temp.t10_key('stale'), 2, 'absent', 200, NULL, NULL, NULL), 'stale',
+          'a search result for a stale attempt: stale');
+SELECT is(billguard.record_charge_response('0123456789abcdef0123456789abcdef', 1, 'completed', 200, 'pi_x', false, NULL, NULL,
+            NULL, NULL, NULL, NULL, '2 minutes'),
+          'stale', 'an answer for a key without a record: stale');
 SELECT results_eq($$SELECT to_jsonb(r) FROM pg_temp.t10_r('stale') r$$, $$SELECT to_jsonb(b) FROM t10_stale_before b$$,
                   'stale answers: the record is unchanged');
 SELECT is(pg_temp.t10_nevents('stale'), 1::bigint, 'stale answers: no event');
@@ -406,70 +363,42 @@ SELECT results_eq($$SELECT status, charge_id FROM pg_temp.t10_r('r200')$$, $$VAL
                   'stale answer to a completed record: still completed with its id');
 
 ------------------------------------------------------------------------------
--- record_transport_error(key, attempt, message, max_attempts)
-SELECT is(billguard.record_transport_error(pg_temp.t10_dispatching('net', 1), 1, 'Operation timed out after 30000 milliseconds', 3),
-          'retry', 'transport error at attempt 1 of 3: retry');
-SELECT results_eq($$SELECT status, next_attempt_at > now(), lease_expires_at, last_error FROM pg_temp.t10_r('net')$$,
-                  $$VALUES ('pending', true, NULL::timestamptz, 'network: Operation timed out after 30000 milliseconds')$$,
-                  'transport error: pending, backoff, last_error "network: ..."');
-SELECT is(pg_temp.t10_last('net'),
-          '{"type": "network", "message": "Operation timed out after 30000 milliseconds", "attempt": 1, "terminal": false}'::jsonb,
-          'transport error: BillingFailed type network, not terminal');
-SELECT is(billguard.record_transport_error(pg_temp.t10_dispatching('netlast', 3), 3, 'Connection refused', 3),
-          'failed', 'transport error at attempt 3 of 3: failed');
-SELECT results_eq($$SELECT status, last_error FROM pg_temp.t10_r('netlast')$$,
-                  $$VALUES ('failed', 'network: Connection refused (outcome unknown: reconcile before retrying)')$$,
-                  'transport error at max_attempts: failed, last_error says the outcome is unknown');
-SELECT is((pg_temp.t10_last('netlast') ->> 'terminal')::boolean, true, 'transport error at max_attempts: terminal');
-
-------------------------------------------------------------------------------
--- record_search_result(key, attempt, status, body)
-SELECT is(billguard.record_search_result(pg_temp.t10_dispatching('sfound', 2), 2, 200,
-            format('{"object":"search_result","data":[{"id":"pi_t10other","status":"succeeded","metadata":{"billguard_key":"%s"}},
-                     {"id":"pi_t10found","status":"succeeded","metadata":{"billguard_key":"%s"}}]}',
-                   pg_temp.t10_key('other'), pg_temp.t10_key('sfound'))),
-          'completed', 'search found (succeeded, matching key): completed');
+-- record_search_result(key, attempt, outcome, http_status, charge_id, request_id, message, unsent_delay)
+CREATE FUNCTION pg_temp.t10_search(c text, attempt int, outcome text, http_status int, charge_id text DEFAULT NULL,
+                                   message text DEFAULT NULL) RETURNS text LANGUAGE sql AS $$
+  SELECT billguard.record_search_result(pg_temp.t10_key(c), attempt, outcome, http_status, charge_id, 'req_t10' || c,
+                                        message) $$;
+SELECT is(pg_temp.t10_search('sfound', (SELECT 2 FROM pg_temp.t10_dispatching('sfound', 2)), 'completed', 200, 'pi_t10found'),
+          'recorded', 'search found: recorded');
 SELECT results_eq($$SELECT status, charge_id, completed_at, lease_expires_at FROM pg_temp.t10_r('sfound')$$,
                   $$VALUES ('completed', 'pi_t10found', now(), NULL::timestamptz)$$,
-                  'search found: completed with the id of the object carrying our key');
+                  'search found: completed with the id found');
 SELECT is(pg_temp.t10_last_type('sfound'), 'ChargeReconciled', 'search found: ChargeReconciled');
-SELECT is(pg_temp.t10_last('sfound'), '{"charge_id": "pi_t10found", "via": "search", "attempt": 2}'::jsonb,
-          'ChargeReconciled: charge_id, via search, attempt');
-SELECT is(billguard.record_search_result(pg_temp.t10_dispatching('sproc', 1), 1, 200,
-            format('{"data":[{"id":"pi_t10proc","status":"processing","metadata":{"billguard_key":"%s"}}]}', pg_temp.t10_key('sproc'))),
-          'completed', 'search found a processing PaymentIntent: completed');
-SELECT is(billguard.record_search_result(pg_temp.t10_dispatching('spaid', 1), 1, 200,
-            format('{"data":[{"id":"ch_t10paid","object":"charge","paid":true,"status":"succeeded","metadata":{"billguard_key":"%s"}}]}',
-                   pg_temp.t10_key('spaid'))),
-          'completed', 'search found a paid charge: completed');
-SELECT is((pg_temp.t10_r('spaid')).charge_id, 'ch_t10paid', 'search found a paid charge: its ch_ id');
+SELECT is(pg_temp.t10_last('sfound'),
+          '{"charge_id": "pi_t10found", "via": "search", "attempt": 2, "request_id": "req_t10sfound"}'::jsonb,
+          'ChargeReconciled: charge_id, via search, attempt, Request-Id');
 
-SELECT is(billguard.record_search_result(pg_temp.t10_dispatching('snone', 3), 3, 200, '{"object":"search_result","data":[]}'),
-          'charge', 'search found nothing: charge');
+SELECT is(pg_temp.t10_search('snone', (SELECT 3 FROM pg_temp.t10_dispatching('snone', 3)), 'absent', 200), 'recorded',
+          'search found nothing: recorded');
 SELECT results_eq($$SELECT status, attempts, lease_expires_at FROM pg_temp.t10_r('snone')$$,
                   $$VALUES ('dispatching', 3, now() + interval '40 seconds')$$,
                   'search found nothing: the record keeps its attempt and lease (the charge is sent next, same key)');
 SELECT is(pg_temp.t10_nevents('snone'), 1::bigint, 'search found nothing: no event');
-SELECT is(billguard.record_search_result(pg_temp.t10_dispatching('sother', 1), 1, 200,
-            format('{"data":[{"id":"pi_t10x","status":"succeeded","metadata":{"billguard_key":"%s"}}]}', pg_temp.t10_key('other'))),
-          'charge', 'search found only another key''s object: charge');
-SELECT is(billguard.record_search_result(pg_temp.t10_dispatching('sdeclined', 1), 1, 200,
-            format('{"data":[{"id":"pi_t10d","status":"requires_payment_method","metadata":{"billguard_key":"%s"}}]}',
-                   pg_temp.t10_key('sdeclined'))),
-          'charge', 'search found only a declined PaymentIntent with our key: charge (nothing was charged)');
 
-SELECT is(billguard.record_search_result(pg_temp.t10_dispatching('serr', 2), 2, 500, '{"error":{"type":"api_error"}}'),
-          'retry', 'search answered 500: retry');
+SELECT is(pg_temp.t10_search('serr', (SELECT 2 FROM pg_temp.t10_dispatching('serr', 2)), 'retry', 500, NULL,
+            'search failed with HTTP 500'), 'recorded', 'search told nothing: recorded');
 SELECT results_eq($$SELECT status, next_attempt_at > now(), lease_expires_at, last_error FROM pg_temp.t10_r('serr')$$,
                   $$VALUES ('unknown', true, NULL::timestamptz, 'search failed with HTTP 500')$$,
-                  'search error: unknown, backoff, last_error');
-SELECT is(billguard.record_search_result(pg_temp.t10_dispatching('shtml', 1), 1, 200, '<html>oops</html>'),
-          'retry', 'search answered 200 without a JSON list: retry');
-SELECT is((pg_temp.t10_r('shtml')).status, 'unknown', 'search without a JSON list: unknown');
-SELECT is(billguard.record_search_result(pg_temp.t10_dispatching('s401', 2), 2, 401, '{"error":{"type":"invalid_request_error"}}'),
-          'paused', 'search answered 401: paused');
+                  'search told nothing: unknown, backoff, last_error');
+SELECT is(pg_temp.t10_search('s401', (SELECT 2 FROM pg_temp.t10_dispatching('s401', 2)), 'paused', 401), 'recorded',
+          'search refused (401): recorded');
 SELECT results_eq($$SELECT status, attempts, next_attempt_at FROM pg_temp.t10_r('s401')$$,
-                  $$VALUES ('unknown', 1, now())$$, 'search 401: unknown again, due now, the attempt not counted');
+                  $$VALUES ('unknown', 1, now())$$, 'search refused: unknown again, due now, the attempt not counted');
+SELECT is(pg_temp.t10_search('shtml', (SELECT 2 FROM pg_temp.t10_dispatching('shtml', 2)), 'not_sent', 0), 'recorded',
+          'search never sent: recorded');
+SELECT results_eq($$SELECT status, attempts, next_attempt_at FROM pg_temp.t10_r('shtml')$$,
+                  $$VALUES ('unknown', 1, now())$$,
+                  'search never sent: unknown again, the attempt not counted');
 
 ------------------------------------------------------------------------------
 -- release_claim(key, attempt, search): a claim the dispatcher never sent
@@ -509,7 +438,7 @@ SELECT is(pg_temp.t10_last('rt_failed') - 'by', '{"previous_status": "failed", "
 SELECT is(pg_temp.t10_last('rt_failed') ->> 'by', session_user::text, 'RecordRequeued: by session_user');
 SELECT is(billguard.retry_record('t10_rt_review', '2031-10'), 'pending', 'retry_record of a needs_review record: pending');
 SELECT is((pg_temp.t10_r('rt_review')).status, 'pending', 'retry_record of needs_review: pending');
-SELECT results_eq($$SELECT customer_id, attempt, action FROM billguard.claim_due_records(100, interval '30 seconds', interval '1 day')
+SELECT results_eq($$SELECT customer_id, attempt, action FROM billguard.claim_due_records(100, interval '30 seconds', interval '1 day', '/v1/payment_intents')
                     WHERE customer_id LIKE 't10\_rt\_%' ORDER BY customer_id$$,
                   $$VALUES ('t10_rt_failed', 1, 'search'), ('t10_rt_review', 1, 'search')$$,
                   'requeued records first dispatched 3 days ago are searched for first');

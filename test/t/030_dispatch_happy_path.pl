@@ -29,6 +29,14 @@ my %record_charge = map { split /\|/ } split /\n/, $node->safe_psql('postgres',
 is(scalar(grep { ($record_charge{$_} // '') ne $by_key->{$_}[0] } keys %$by_key), 0,
 	"every record carries the emulator's charge id for its key");
 
+# Claims come in batches (ahead of the free slots, at least a quarter of
+# max_inflight = 32 at a time) and answers are recorded in batches: records
+# of one transaction share its now().
+cmp_ok($node->safe_psql('postgres', q{SELECT count(DISTINCT first_dispatched_at) FROM billguard.billing_records}),
+	'<=', 125, 'the 1,000 records were claimed in at most 125 transactions');
+cmp_ok($node->safe_psql('postgres', q{SELECT count(DISTINCT completed_at) FROM billguard.billing_records}),
+	'<', 1000, 'their answers were recorded in fewer transactions than answers');
+
 # What was sent: the stored key as Idempotency-Key, amounts and metadata.
 my ($one) = grep { $_->{metadata}{customer_id} eq 'cust_000007' } @{ succeeded_charges($emulator) };
 is($one->{idempotency_key}, $node->safe_psql('postgres', "SELECT billguard.idempotency_key('cust_000007', '2026-08')"),
@@ -42,6 +50,10 @@ is($one->{metadata}{billguard_key}, $one->{idempotency_key}, 'metadata[billguard
 is($node->safe_psql('postgres', q{
 	SELECT count(*) FROM billguard.journal WHERE event_type = 'BillingCompleted'}), '1000',
 	'one BillingCompleted per record');
+is($node->safe_psql('postgres', q{
+	SELECT count(DISTINCT event ->> 'request_id') FROM billguard.journal
+	 WHERE event_type = 'BillingCompleted' AND event ->> 'request_id' ~ '^req_\w+$'}), '1000',
+	"every BillingCompleted carries its answer's own Request-Id");
 is($node->safe_psql('postgres', q{
 	SELECT count(*) FROM billguard.journal WHERE event_type = 'ChargeAttempted'}), '1000',
 	'one attempt per record');

@@ -88,6 +88,9 @@ my $t0 = time;
 		my $reconciled = events_of($node, $c, $p, 'ChargeReconciled')->[0];
 		is($reconciled->{charge_id}, $ledger->[0]{id}, "ChargeReconciled: the emulator's id");
 		is($reconciled->{via}, 'search', 'ChargeReconciled: via search');
+		like($unknown->{request_id} // '', qr/^req_\w+$/, "ChargeUnknown: the 500's Request-Id");
+		like($reconciled->{request_id} // '', qr/^req_\w+$/, "ChargeReconciled: the search's Request-Id");
+		isnt($reconciled->{request_id} // '', $unknown->{request_id} // '', '(two answers, two Request-Ids)');
 		my $gap = q1($node, qq{
 			SELECT extract(epoch FROM max(written_at) FILTER (WHERE event_type = 'ChargeReconciled')
 			                        - max(written_at) FILTER (WHERE event_type = 'ChargeUnknown'))
@@ -142,6 +145,7 @@ my $t0 = time;
 		is($failed->[0]{code}, 'card_declined', 'BillingFailed: code card_declined');
 		is($failed->[0]{decline_code}, 'generic_decline', 'BillingFailed: decline_code generic_decline');
 		is($failed->[0]{http_status}, 402, 'BillingFailed: http_status 402');
+		like($failed->[0]{request_id} // '', qr/^req_\w+$/, "BillingFailed: Stripe's Request-Id");
 		is(q1($node, "SELECT status || '|' || idempotency_key FROM billguard.bill_customer('$c', '$p')"),
 			"failed|$key", '402: bill_customer answers failed with the key');
 		my $ledger = ledger_for_key($emulator, $key);
@@ -175,6 +179,7 @@ my $t0 = time;
 		is(scalar(@$review), 1, '400: one NeedsReview event');
 		is($review->[0]{type}, 'idempotency_error', 'NeedsReview: type idempotency_error');
 		is($review->[0]{http_status}, 400, 'NeedsReview: http_status 400');
+		like($review->[0]{request_id} // '', qr/^req_\w+$/, "NeedsReview: Stripe's Request-Id");
 		is($emulator->stats->{idempotency_conflicts}, 1, '400: the emulator saw one idempotency conflict');
 		is(bill($node, $c, $p), 'in_progress',
 			'400: bill_customer answers in_progress for a record under review');

@@ -7,23 +7,12 @@
 
 #include "rate_pacer.hpp"
 #include "stripe_request.hpp"
+#include "tap.hpp"
 
 namespace {
 
-int test_number = 0;
-int failures = 0;
-
-void Ok(bool passed, const std::string& name) {
-  ++test_number;
-  if (!passed) ++failures;
-  std::printf("%s %d - %s\n", passed ? "ok" : "not ok", test_number, name.c_str());
-}
-
-void Is(const std::string& got, const std::string& expected, const std::string& name) {
-  Ok(got == expected, name);
-  if (got != expected)
-    std::printf("#   got:      %s\n#   expected: %s\n", got.c_str(), expected.c_str());
-}
+using tap::Is;
+using tap::Ok;
 
 billguard::ChargeRecord Record() {
   billguard::ChargeRecord r;
@@ -89,6 +78,5 @@ int main() {
   Ok(slow.Rate(t0) < 50 && slow.Rate(t0 + std::chrono::seconds(10)) > 97,
      "a 429 halves the rate, which recovers");
 
-  std::printf("1..%d\n", test_number);
-  return failures == 0 ? 0 : 1;
+  return tap::Done();
 }

@@ -1,0 +1,78 @@
+// Reading Stripe's answers and deciding what each means for its record.
+// Pure C++ (no PostgreSQL headers): an answer, however malformed or large,
+// is reduced here to a few typed, bounded, printable fields and one
+// Outcome; SQL records them and never parses a body.
+#pragma once
+
+#include "cpp_only.hpp"
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "http_client.hpp"
+
+namespace billguard {
+
+// What an answer means for its record. Decided in Judge*(), once.
+enum class Outcome {
+  kCompleted,    // charged, or being charged (processing, pending)
+  kFailed,       // definitively not charged: a decline, an invalid request
+  kRetry,        // try again later with the same key; counts towards max_attempts
+  kThrottled,    // a 429 or a key still in use (409): again soon, never exhausts
+  kUnknown,      // Stripe cached an indeterminate result (a 500): search first
+  kNeedsReview,  // a person must look: an idempotency conflict, an answer that
+                 // cannot be read, an indeterminate outcome past max_attempts
+  kPaused,       // the API key was refused: the attempt does not count
+  kNotSent,      // the request provably never left: the attempt does not count
+  kAbsent,       // a search found no charge for the key: send the charge now
+};
+
+// The name SQL records (billguard.record_charge_response and friends).
+const char* OutcomeName(Outcome outcome);
+
+// The fields billguard keeps of one answer to a charge request. Strings are
+// printable ASCII and bounded, whatever the body held.
+struct ChargeAnswer {
+  long http_status = 0;      // 0: no HTTP answer (transport error in message)
+  bool request_sent = true;  // false only when it provably never left
+  bool replayed = false;
+  std::optional<bool> should_retry;
+  std::string request_id;
+  std::string object_id;  // of the PaymentIntent or Charge of a 2xx
+  std::string object_type;
+  std::string object_status;
+  std::optional<bool> paid;
+  std::string error_type;  // of a Stripe error body, or set by JudgeCharge
+  std::string error_code;
+  std::string decline_code;
+  std::string message;
+  std::string body_excerpt;  // only when the body could not be read
+};
+
+// Reads a response to a charge request (a POST).
+ChargeAnswer ReadChargeAnswer(const HttpResponse& response);
+
+// What the answer of attempt `attempt` means. May set the error fields to
+// say why (a 2xx without an id, a PaymentIntent not charged, attempts
+// exhausted).
+Outcome JudgeCharge(ChargeAnswer& answer, int attempt, int max_attempts);
+
+// The fields billguard keeps of one answer to a search for a key.
+struct SearchAnswer {
+  long http_status = 0;
+  bool request_sent = true;
+  std::string request_id;
+  bool listed = false;   // a 200 whose body holds a "data" list
+  std::string found_id;  // a charged object carrying the key, if any
+  std::string message;   // why the search told nothing
+};
+
+SearchAnswer ReadSearchAnswer(const HttpResponse& response, std::string_view idempotency_key);
+Outcome JudgeSearch(const SearchAnswer& answer);
+
+// At most max_bytes of text, with every byte outside printable ASCII
+// replaced by '?': safe in any database encoding, never a NUL.
+std::string PrintableExcerpt(std::string_view text, std::size_t max_bytes);
+
+}  // namespace billguard

@@ -1,0 +1,224 @@
+// Unit tests of reading and judging Stripe's answers (common/stripe_response.*),
+// run plain and under AddressSanitizer and UndefinedBehaviorSanitizer:
+// the judgement's truth table, the fields kept, and answers no Stripe would
+// send (malformed, huge, deeply nested, not UTF-8, NUL bytes, random bytes)
+// that must each end in a sensible outcome without harm.
+#include <random>
+#include <string>
+
+#include "stripe_response.hpp"
+#include "tap.hpp"
+
+namespace {
+
+using billguard::Outcome;
+using tap::Is;
+using tap::Ok;
+
+billguard::HttpResponse Answer(long status, const std::string& body,
+                               const std::string& should_retry = "") {
+  billguard::HttpResponse r;
+  r.status = status;
+  r.body = body;
+  r.should_retry = should_retry;
+  r.request_id = "req_unit1";
+  return r;
+}
+
+std::string Judged(long status, const std::string& body, const std::string& should_retry = "",
+                   int attempt = 1, int max_attempts = 10) {
+  billguard::ChargeAnswer answer = billguard::ReadChargeAnswer(Answer(status, body, should_retry));
+  return billguard::OutcomeName(billguard::JudgeCharge(answer, attempt, max_attempts));
+}
+
+std::string Error(const std::string& type, const std::string& code = "") {
+  return R"({"error":{"type":")" + type + R"(","code":")" + code + R"("}})";
+}
+
+void TruthTable() {
+  const std::string pi = R"({"id":"pi_1","object":"payment_intent","status":"succeeded"})";
+  Is(Judged(200, pi), "completed", "200 succeeded: completed");
+  Is(Judged(201, pi), "completed", "201: completed");
+  Is(Judged(200, pi, "false"), "completed", "200 with Should-Retry false: completed");
+  Is(Judged(200, R"({"id":"pi_1","status":"processing"})"), "completed", "processing: completed");
+  Is(Judged(200, R"({"id":"ch_1","object":"charge","status":"pending"})"), "completed",
+     "a pending charge: completed");
+  Is(Judged(200, R"({"id":"pi_1","status":"requires_action"})"), "failed",
+     "requires_action: failed (not charged)");
+  Is(Judged(200, R"({"id":"pi_1","status":"requires_payment_method"})"), "failed",
+     "requires_payment_method: failed");
+  Is(Judged(200, R"({"object":"payment_intent"})"), "needs_review",
+     "2xx without an id: needs_review");
+  Is(Judged(401, Error("invalid_request_error")), "paused", "401: paused");
+  Is(Judged(403, Error("invalid_request_error")), "paused", "403: paused");
+  Is(Judged(401, Error("invalid_request_error"), "true"), "paused",
+     "401 with Should-Retry: paused");
+  Is(Judged(400, Error("idempotency_error")), "needs_review",
+     "400 idempotency_error: needs_review");
+  Is(Judged(400, Error("idempotency_error"), "true"), "needs_review",
+     "idempotency_error with Should-Retry true: needs_review");
+  Is(Judged(409, Error("idempotency_error", "idempotency_key_in_use")), "throttled",
+     "409 key in use: throttled");
+  Is(Judged(409, Error("idempotency_error", "idempotency_key_in_use"), "false"), "failed",
+     "409 with Should-Retry false: failed (a 4xx)");
+  Is(Judged(429, Error("rate_limit_error", "rate_limit")), "throttled", "429: throttled");
+  Is(Judged(429, Error("rate_limit_error", "rate_limit"), "true"), "throttled",
+     "429 with Should-Retry true: throttled");
+  Is(Judged(500, Error("api_error")), "unknown", "500: unknown");
+  Is(Judged(500, Error("api_error"), "true"), "retry", "500 with Should-Retry true: retry");
+  Is(Judged(500, Error("api_error"), "false"), "unknown", "500 with Should-Retry false: unknown");
+  Is(Judged(500, Error("api_error"), "", 20, 20), "needs_review",
+     "a cached 500 at max_attempts: needs_review (only a person can settle it)");
+  Is(Judged(502, Error("api_error")), "retry", "502: retry");
+  Is(Judged(503, Error("api_error")), "retry", "503: retry");
+  Is(Judged(504, ""), "retry", "504 without a body: retry");
+  Is(Judged(503, Error("api_error"), "false"), "needs_review",
+     "503 with Should-Retry false: needs_review (a 5xx never proves nothing was charged)");
+  Is(Judged(599, ""), "retry", "599: retry");
+  Is(Judged(402, Error("card_error", "card_declined")), "failed", "402 declined: failed");
+  Is(Judged(402, Error("card_error", "card_declined"), "True"), "retry",
+     "402 with Should-Retry: True (any case): retry");
+  Is(Judged(400, Error("invalid_request_error", "parameter_missing")), "failed", "400: failed");
+  Is(Judged(404, Error("invalid_request_error", "resource_missing")), "failed", "404: failed");
+  Is(Judged(302, ""), "needs_review", "a redirect: needs_review (not proof of anything)");
+  Is(Judged(502, "<html>Bad gateway</html>"), "retry", "502 with an HTML body: retry");
+
+  // Attempts: 409 and 429 never exhaust; a 4xx that says retry fails when
+  // exhausted; anything indeterminate needs review, never 'failed'.
+  Is(Judged(429, "", "", 10, 3), "throttled", "429 past max_attempts: throttled, never exhausts");
+  Is(Judged(409, Error("idempotency_error", "idempotency_key_in_use"), "", 10, 3), "throttled",
+     "409 past max_attempts: throttled, never exhausts");
+  Is(Judged(503, Error("api_error"), "", 2, 3), "retry", "503 at attempt 2 of 3: retry");
+  Is(Judged(503, Error("api_error"), "", 3, 3), "needs_review",
+     "503 at attempt 3 of 3: needs_review");
+  Is(Judged(402, Error("card_error"), "true", 3, 3), "failed",
+     "402 with Should-Retry true at max_attempts: failed (a decline charges nothing)");
+
+  billguard::HttpResponse timeout = Answer(0, "");
+  timeout.transport_error = "Operation timed out after 30000 milliseconds";
+  billguard::ChargeAnswer t = billguard::ReadChargeAnswer(timeout);
+  Is(billguard::OutcomeName(billguard::JudgeCharge(t, 1, 3)), "retry", "a timeout: retry");
+  t = billguard::ReadChargeAnswer(timeout);
+  Is(billguard::OutcomeName(billguard::JudgeCharge(t, 3, 3)), "needs_review",
+     "a timeout at max_attempts: needs_review, never failed");
+  Ok(t.message.find("attempts exhausted") != std::string::npos, "... and the message says why");
+  billguard::HttpResponse refused = timeout;
+  refused.transport_error = "Failed to connect to 127.0.0.1 port 9: Connection refused";
+  refused.request_sent = false;
+  t = billguard::ReadChargeAnswer(refused);
+  Is(billguard::OutcomeName(billguard::JudgeCharge(t, 10, 3)), "not_sent",
+     "a request that never left: not_sent, even past max_attempts");
+}
+
+void Fields() {
+  billguard::HttpResponse r = Answer(
+      402,
+      R"({"error":{"type":"card_error","code":"card_declined","decline_code":"generic_decline",)"
+      R"("message":"Your card was declined.","payment_intent":{"id":"pi_nested","status":"x"}}})");
+  r.idempotent_replayed = "true";
+  billguard::ChargeAnswer a = billguard::ReadChargeAnswer(r);
+  Is(a.error_type + "|" + a.error_code + "|" + a.decline_code + "|" + a.message,
+     "card_error|card_declined|generic_decline|Your card was declined.", "a Stripe error's fields");
+  Is(a.object_id, "", "an id nested in the error is not the answer's id");
+  Ok(a.replayed && a.request_id == "req_unit1", "Idempotent-Replayed and Request-Id are kept");
+  a = billguard::ReadChargeAnswer(Answer(200, R"({"id":"pi_9","object":"payment_intent",)"
+                                              R"("metadata":{"id":"nope"},"status":"succeeded"})"));
+  Is(a.object_id + "|" + a.object_type + "|" + a.object_status, "pi_9|payment_intent|succeeded",
+     "a 2xx object's id, type and status, not those of nested objects");
+  a = billguard::ReadChargeAnswer(Answer(200, R"({"id":"pi_\u00e9\"x\u0000y"})"));
+  Is(a.object_id, "pi_??\"x?y", "strings are printable ASCII: no NUL, no multi-byte");
+
+  const std::string key = "0f3fe6c7ee131571ac54c216d9553542";
+  auto search = [&](const std::string& body) {
+    return billguard::ReadSearchAnswer(Answer(200, body), key);
+  };
+  billguard::SearchAnswer s = search(
+      R"({"object":"search_result","data":[)"
+      R"({"id":"pi_other","status":"succeeded","metadata":{"billguard_key":"x"}},)"
+      R"({"id":"pi_declined","status":"requires_payment_method","metadata":{"billguard_key":")" +
+      key + R"("}},{"id":"pi_ours","status":"succeeded","metadata":{"billguard_key":")" + key +
+      R"("}}]})");
+  Is(s.found_id, "pi_ours", "search: the charged object carrying the key");
+  Is(billguard::OutcomeName(billguard::JudgeSearch(s)), "completed", "search found: completed");
+  s = search(R"({"data":[{"id":"ch_1","object":"charge","paid":true,"status":"pending",)"
+             R"("metadata":{"billguard_key":")" +
+             key + R"("}}]})");
+  Is(s.found_id, "ch_1", "search: a paid charge counts");
+  s = search(R"({"data":[]})");
+  Is(billguard::OutcomeName(billguard::JudgeSearch(s)), "absent", "search found nothing: absent");
+  s = search(R"({"data":{"id":"pi_ours"}})");
+  Is(billguard::OutcomeName(billguard::JudgeSearch(s)), "retry", "search without a list: retry");
+  s = billguard::ReadSearchAnswer(Answer(500, Error("api_error")), key);
+  Is(std::string(billguard::OutcomeName(billguard::JudgeSearch(s))) + "|" + s.message,
+     "retry|search failed with HTTP 500", "search answered 500: retry");
+  s = billguard::ReadSearchAnswer(Answer(401, ""), key);
+  Is(billguard::OutcomeName(billguard::JudgeSearch(s)), "paused", "search answered 401: paused");
+}
+
+// Answers that must each end in one sensible outcome, never a crash: the
+// sanitizers report any out-of-bounds access, overflow or leak.
+void Hostile() {
+  const std::string deep_arrays(1000000, '[');
+  const std::string deep_objects = [] {
+    std::string s;
+    for (int i = 0; i < 200000; ++i) s += R"({"a":)";
+    return s + "1" + std::string(200000, '}');
+  }();
+  const std::string huge = R"({"id":"pi_1","pad":")" + std::string(4 << 20, 'x') + R"("})";
+  struct Case {
+    const char* name;
+    long status;
+    std::string body;
+    const char* expected;
+  } cases[] = {
+      {"a number jsonb refuses (1e1000000)", 200, R"({"id":"pi_1","amount":1e1000000})",
+       "needs_review"},
+      {"1e1000000 in a 402", 402, R"({"error":{"type":"card_error","x":1e1000000}})", "failed"},
+      {"1e1000000 in a 500", 500, R"({"error":{"type":"api_error","n":-1e1000000}})", "unknown"},
+      {"a million nested arrays", 200, deep_arrays, "needs_review"},
+      {"200,000 nested objects, well-formed", 200, deep_objects, "needs_review"},
+      {"a 4 MiB body", 200, huge, "completed"},
+      {"not UTF-8", 200, "{\"id\":\"pi_\xff\xfe\",\"status\":\"succeeded\"}", "needs_review"},
+      {"a NUL byte outside a string", 200, std::string("{\"id\":\"pi_1\"\0}", 14), "needs_review"},
+      {"an empty body", 200, "", "needs_review"},
+      {"a bare string", 200, R"("pi_1")", "needs_review"},
+      {"an array", 200, R"([{"id":"pi_1"}])", "needs_review"},
+      {"truncated", 200, R"({"id":"pi_1","status":"succ)", "needs_review"},
+      {"two objects", 200, R"({"id":"pi_1"}{"id":"pi_2"})", "needs_review"},
+      {"an id that is a number", 200, R"({"id":12})", "needs_review"},
+      {"a 402 that is HTML", 402, "<html>declined</html>", "failed"},
+  };
+  for (const Case& c : cases) {
+    billguard::ChargeAnswer a = billguard::ReadChargeAnswer(Answer(c.status, c.body));
+    const std::string outcome = billguard::OutcomeName(billguard::JudgeCharge(a, 1, 10));
+    Is(outcome, c.expected, std::string("hostile answer, ") + c.name);
+    Ok(a.body_excerpt.size() <= 500 && a.message.size() <= 600 && a.object_id.size() <= 255,
+       std::string("hostile answer, ") + c.name + ": fields stay bounded");
+  }
+  billguard::ChargeAnswer a = billguard::ReadChargeAnswer(Answer(502, "\x01\x80<b>gateway\xff"));
+  Is(a.body_excerpt, "?\?<b>gateway?", "an unreadable body is kept as a printable excerpt");
+
+  // Random bytes and random JSON-ish text: every answer gets an outcome.
+  std::mt19937 random(42);
+  const std::string alphabet = "{}[]\":,0123456789.eE+-tfnrul\\ abc\x80\xff";
+  int judged = 0;
+  for (int i = 0; i < 20000; ++i) {
+    std::string body(random() % 64, ' ');
+    for (char& c : body) c = alphabet[random() % alphabet.size()];
+    if (i % 2 == 0) body = R"({"id":"pi_r","error":)" + body;
+    billguard::ChargeAnswer r = billguard::ReadChargeAnswer(Answer(200 + (i % 4) * 100, body));
+    billguard::JudgeCharge(r, 1 + i % 12, 10);
+    billguard::ReadSearchAnswer(Answer(200, body), "k");
+    ++judged;
+  }
+  Ok(judged == 20000, "20,000 random answers judged without harm");
+}
+
+}  // namespace
+
+int main() {
+  TruthTable();
+  Fields();
+  Hostile();
+  return tap::Done();
+}
