@@ -1,6 +1,9 @@
 // Typed calls of the dispatch-queue SQL functions (see dispatch_queue.hpp).
 #include "dispatch_queue.hpp"
 
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
 #include "module.hpp"
 #include "spi_transaction.hpp"
 
@@ -55,48 +58,62 @@ std::vector<ClaimedRecord> ClaimDueRecords(int max_rows) {
 
 namespace {
 
-SqlValue TextOrNull(const std::string& text) {
-  return text.empty() ? SqlValue() : SqlValue(text);
+// An empty field is SQL NULL, as for the text parameters above.
+nlohmann::json TextOrNull(const std::string& text) {
+  return text.empty() ? nlohmann::json() : nlohmann::json(text);
 }
 
-Recorded RecordedFrom(const std::vector<SqlRow>& rows) {
-  const std::string recorded = SingleText(rows);
+// One answer as billguard.record_answers reads it. Every string is printable
+// ASCII (common/stripe_response.cpp), so the JSON text is plain ASCII too.
+nlohmann::json AnswerJson(const JudgedAnswer& judged) {
+  const ClaimedRecord& claimed = *judged.claimed;
+  nlohmann::json answer = {{"key", claimed.idempotency_key},
+                           {"attempt", claimed.attempt},
+                           {"search", judged.search},
+                           {"outcome", OutcomeName(judged.outcome)}};
+  if (judged.search) {
+    const SearchAnswer& found = judged.found;
+    answer["http_status"] = found.http_status;
+    answer["charge_id"] = TextOrNull(found.found_id);
+    answer["request_id"] = TextOrNull(found.request_id);
+    answer["message"] = TextOrNull(found.message);
+    return answer;
+  }
+  const ChargeAnswer& charge = judged.charge;
+  answer["http_status"] = charge.http_status;
+  answer["charge_id"] = TextOrNull(charge.object_id);
+  answer["replayed"] = charge.replayed;
+  answer["request_id"] = TextOrNull(charge.request_id);
+  answer["error_type"] = TextOrNull(charge.error_type);
+  answer["error_code"] = TextOrNull(charge.error_code);
+  answer["decline_code"] = TextOrNull(charge.decline_code);
+  answer["message"] = TextOrNull(charge.message);
+  answer["body_excerpt"] = TextOrNull(charge.body_excerpt);
+  return answer;
+}
+
+Recorded RecordedFrom(const SqlRow& row) {
+  const std::string recorded = row.empty() || !row[0] ? "" : *row[0];
   if (recorded == "stale") return Recorded::kStale;
   if (recorded == "locked") return Recorded::kLocked;
   return Recorded::kRecorded;
 }
 
-Statement RecordingOf(const JudgedAnswer& judged) {
-  const ClaimedRecord& claimed = *judged.claimed;
-  if (judged.search) {
-    const SearchAnswer& answer = judged.found;
-    return {"SELECT billguard.record_search_result($1, $2::int, $3, $4::int, $5, $6, $7)",
-            {claimed.idempotency_key, std::to_string(claimed.attempt), OutcomeName(judged.outcome),
-             std::to_string(answer.http_status), TextOrNull(answer.found_id),
-             TextOrNull(answer.request_id), TextOrNull(answer.message)}};
-  }
-  const ChargeAnswer& answer = judged.charge;
-  return {
-      "SELECT billguard.record_charge_response($1, $2::int, $3, $4::int, $5, $6::boolean, $7, "
-      "$8, $9, $10, $11, $12, $13::interval)",
-      {claimed.idempotency_key, std::to_string(claimed.attempt), OutcomeName(judged.outcome),
-       std::to_string(answer.http_status), TextOrNull(answer.object_id),
-       answer.replayed ? "true" : "false", TextOrNull(answer.request_id),
-       TextOrNull(answer.error_type), TextOrNull(answer.error_code),
-       TextOrNull(answer.decline_code), TextOrNull(answer.message), TextOrNull(answer.body_excerpt),
-       Seconds(settings::search_settle_delay_s)}};
-}
-
 }  // namespace
 
 std::vector<Recorded> RecordAnswers(const std::vector<JudgedAnswer>& answers) {
-  std::vector<Statement> statements;
-  statements.reserve(answers.size());
-  for (const JudgedAnswer& judged : answers) statements.push_back(RecordingOf(judged));
+  nlohmann::json batch = nlohmann::json::array();
+  for (const JudgedAnswer& judged : answers) batch.push_back(AnswerJson(judged));
+  const auto rows =
+      ExecuteInTransaction("SELECT recorded FROM billguard.record_answers($1::jsonb, $2::interval)",
+                           {batch.dump(), Seconds(settings::search_settle_delay_s)});
+  if (rows.size() != answers.size()) {
+    throw std::runtime_error("billguard.record_answers returned " + std::to_string(rows.size()) +
+                             " results for " + std::to_string(answers.size()) + " answers");
+  }
   std::vector<Recorded> recorded;
-  recorded.reserve(answers.size());
-  for (const auto& rows : ExecuteAllInTransaction(statements))
-    recorded.push_back(RecordedFrom(rows));
+  recorded.reserve(rows.size());
+  for (const SqlRow& row : rows) recorded.push_back(RecordedFrom(row));
   return recorded;
 }
 

@@ -1,4 +1,4 @@
-// Statements in one transaction, through SPI (see spi_transaction.hpp).
+// One statement, one transaction, through SPI (see spi_transaction.hpp).
 #include "spi_transaction.hpp"
 
 #include "pg_boundary.hpp"
@@ -64,7 +64,7 @@ MemoryContext ResultContext() {
   return context;
 }
 
-// One statement's parameters as PostgreSQL Datums, in ResultContext().
+// The statement's parameters as PostgreSQL Datums, in ResultContext().
 struct StatementArguments {
   const char* sql;
   int nparams;
@@ -73,36 +73,33 @@ struct StatementArguments {
 };
 
 // Plain PostgreSQL code: may ereport, owns no C++ objects. Runs the
-// statements in one transaction; results[i] receives statement i's rows.
-void RunStatements(const StatementArguments* statements, int count, CopiedResult* results) {
+// statement in a transaction of its own; `result` receives its rows.
+void RunStatement(const StatementArguments& statement, CopiedResult* result) {
   MemoryContext out = ResultContext();
   SetCurrentStatementStartTimestamp();
   StartTransactionCommand();
   SPI_connect();
   PushActiveSnapshot(GetTransactionSnapshot());
-  pgstat_report_activity(STATE_RUNNING, statements[0].sql);
+  pgstat_report_activity(STATE_RUNNING, statement.sql);
 
-  for (int s = 0; s < count; ++s) {
-    const StatementArguments& st = statements[s];
-    int rc = SPI_execute_plan(PlanFor(st.sql, st.nparams), st.values, st.nulls, false, 0);
-    if (rc < 0) elog(ERROR, "billguard: SPI_execute_plan failed: %s", SPI_result_code_string(rc));
-    CopiedResult& result = results[s];
-    if (SPI_tuptable != nullptr) {
-      result.rows = SPI_processed;
-      result.columns = SPI_tuptable->tupdesc->natts;
-      MemoryContext spi_context = MemoryContextSwitchTo(out);
-      result.cells = static_cast<char**>(palloc0(
-          sizeof(char*) * (result.rows * result.columns > 0 ? result.rows * result.columns : 1)));
-      for (uint64 r = 0; r < result.rows; ++r) {
-        for (int c = 0; c < result.columns; ++c) {
-          result.cells[r * result.columns + c] =
-              SPI_getvalue(SPI_tuptable->vals[r], SPI_tuptable->tupdesc, c + 1);
-        }
+  int rc = SPI_execute_plan(PlanFor(statement.sql, statement.nparams), statement.values,
+                            statement.nulls, false, 0);
+  if (rc < 0) elog(ERROR, "billguard: SPI_execute_plan failed: %s", SPI_result_code_string(rc));
+  if (SPI_tuptable != nullptr) {
+    result->rows = SPI_processed;
+    result->columns = SPI_tuptable->tupdesc->natts;
+    MemoryContext spi_context = MemoryContextSwitchTo(out);
+    result->cells = static_cast<char**>(palloc0(
+        sizeof(char*) * (result->rows * result->columns > 0 ? result->rows * result->columns : 1)));
+    for (uint64 r = 0; r < result->rows; ++r) {
+      for (int c = 0; c < result->columns; ++c) {
+        result->cells[r * result->columns + c] =
+            SPI_getvalue(SPI_tuptable->vals[r], SPI_tuptable->tupdesc, c + 1);
       }
-      MemoryContextSwitchTo(spi_context);
     }
-    SPI_freetuptable(SPI_tuptable);
+    MemoryContextSwitchTo(spi_context);
   }
+  SPI_freetuptable(SPI_tuptable);
   SPI_finish();
   PopActiveSnapshot();
   CommitTransactionCommand();
@@ -115,38 +112,25 @@ void RunStatements(const StatementArguments* statements, int count, CopiedResult
 
 }  // namespace
 
-std::vector<std::vector<SqlRow>> ExecuteAllInTransaction(const std::vector<Statement>& statements) {
-  if (statements.empty()) return {};
-  const int count = static_cast<int>(statements.size());
-  auto* arguments = CallPostgres([&] {
+std::vector<SqlRow> ExecuteInTransaction(const char* sql, const std::vector<SqlValue>& params) {
+  const int nparams = static_cast<int>(params.size());
+  StatementArguments arguments{sql, nparams, nullptr, nullptr};
+  CallPostgres([&] {
     MemoryContext previous = MemoryContextSwitchTo(ResultContext());
-    auto* args = static_cast<StatementArguments*>(palloc0(sizeof(StatementArguments) * count));
+    arguments.values = static_cast<Datum*>(palloc0(sizeof(Datum) * (nparams > 0 ? nparams : 1)));
+    arguments.nulls = static_cast<char*>(palloc0(nparams + 1));
+    for (int i = 0; i < nparams; ++i) {
+      arguments.nulls[i] = params[i] ? ' ' : 'n';
+      if (params[i])
+        arguments.values[i] =
+            PointerGetDatum(cstring_to_text_with_len(params[i]->data(), params[i]->size()));
+    }
     MemoryContextSwitchTo(previous);
-    return args;
   });
-  for (int s = 0; s < count; ++s) {
-    const std::vector<SqlValue>& params = statements[s].params;
-    const int nparams = static_cast<int>(params.size());
-    StatementArguments& args = arguments[s];
-    args.sql = statements[s].sql;
-    args.nparams = nparams;
-    CallPostgres([&] {
-      MemoryContext previous = MemoryContextSwitchTo(ResultContext());
-      args.values = static_cast<Datum*>(palloc0(sizeof(Datum) * (nparams > 0 ? nparams : 1)));
-      args.nulls = static_cast<char*>(palloc0(nparams + 1));
-      for (int i = 0; i < nparams; ++i) {
-        args.nulls[i] = params[i] ? ' ' : 'n';
-        if (params[i])
-          args.values[i] =
-              PointerGetDatum(cstring_to_text_with_len(params[i]->data(), params[i]->size()));
-      }
-      MemoryContextSwitchTo(previous);
-    });
-  }
 
-  std::vector<CopiedResult> results(static_cast<std::size_t>(count));
+  CopiedResult result;
   try {
-    CallPostgres([&] { RunStatements(arguments, count, results.data()); });
+    CallPostgres([&] { RunStatement(arguments, &result); });
   } catch (const PostgresError&) {
     // The error is the caller's to judge (a cancel at SIGTERM ends the
     // worker cleanly): leave no transaction behind.
@@ -158,28 +142,19 @@ std::vector<std::vector<SqlRow>> ExecuteAllInTransaction(const std::vector<State
     throw;
   }
 
-  std::vector<std::vector<SqlRow>> all;
-  all.reserve(results.size());
-  for (const CopiedResult& result : results) {
-    std::vector<SqlRow> rows;
-    rows.reserve(result.rows);
-    for (uint64 r = 0; r < result.rows; ++r) {
-      SqlRow row;
-      row.reserve(result.columns);
-      for (int c = 0; c < result.columns; ++c) {
-        const char* cell = result.cells[r * result.columns + c];
-        row.push_back(cell ? SqlValue(cell) : std::nullopt);
-      }
-      rows.push_back(std::move(row));
+  std::vector<SqlRow> rows;
+  rows.reserve(result.rows);
+  for (uint64 r = 0; r < result.rows; ++r) {
+    SqlRow row;
+    row.reserve(result.columns);
+    for (int c = 0; c < result.columns; ++c) {
+      const char* cell = result.cells[r * result.columns + c];
+      row.push_back(cell ? SqlValue(cell) : std::nullopt);
     }
-    all.push_back(std::move(rows));
+    rows.push_back(std::move(row));
   }
   CallPostgres([] { MemoryContextReset(ResultContext()); });
-  return all;
-}
-
-std::vector<SqlRow> ExecuteInTransaction(const char* sql, const std::vector<SqlValue>& params) {
-  return std::move(ExecuteAllInTransaction({Statement{sql, params}})[0]);
+  return rows;
 }
 
 }  // namespace billguard

@@ -1654,3 +1654,358 @@ REVOKE ALL ON FUNCTION
   billguard.requeue_record(billguard.billing_records),
   billguard.retry_period(text, text)
 FROM PUBLIC;
+
+-- ==== Dispatch storage and WAL (issue 6, item 23) ====
+
+-- The dispatch queue is keyed and filtered on next_attempt_at alone: a claim
+-- leaves it as it is (the lease is lease_expires_at) and so is a HOT update,
+-- and a settled record (completed, failed, needs_review, cancelled) has none.
+-- The records 0.1.0 settled leave the queue here, each rewritten once.
+DROP INDEX billguard.billing_records_due;
+ALTER TABLE billguard.billing_records ALTER COLUMN next_attempt_at DROP NOT NULL;
+UPDATE billguard.billing_records SET next_attempt_at = NULL
+ WHERE status NOT IN ('pending', 'dispatching', 'unknown');
+CREATE INDEX billing_records_due ON billguard.billing_records (next_attempt_at)
+  WHERE next_attempt_at IS NOT NULL;
+-- Room on each page for a record's claim and answer to stay on it.
+ALTER TABLE billguard.billing_records SET (fillfactor = 50);
+
+CREATE OR REPLACE FUNCTION billguard.requeue_abandoned() RETURNS bigint
+  LANGUAGE sql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+  WITH requeued AS (
+    UPDATE billguard.billing_records
+       SET next_attempt_at = now(), lease_expires_at = NULL, updated_at = now()
+     WHERE status = 'dispatching' AND next_attempt_at IS NOT NULL
+    RETURNING 1)
+  SELECT count(*) FROM requeued;
+$$;
+
+CREATE OR REPLACE FUNCTION billguard.claim_due_records(max_rows integer, lease interval,
+                                            idempotency_window interval, endpoint text)
+  RETURNS TABLE (idempotency_key text, attempt integer, action text, customer_id text,
+                 billing_period text, stripe_endpoint text, request_body text)
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  SET enable_seqscan = off
+  SET enable_bitmapscan = off
+  SET enable_hashjoin = off
+  SET enable_mergejoin = off
+  AS $$
+#variable_conflict use_column
+BEGIN
+  -- The dispatcher commits its answers asynchronously (a lost answer is
+  -- re-sent with the same key and replayed by Stripe), but a claim is
+  -- flushed before any request leaves.
+  PERFORM set_config('synchronous_commit', 'on', true);
+  RETURN QUERY
+  WITH due AS (
+    SELECT r.idempotency_key, r.status, r.created_at, r.first_dispatched_at
+      FROM billguard.billing_records r
+     WHERE r.next_attempt_at <= now() AND r.status IN ('pending', 'dispatching', 'unknown')
+       AND (r.status <> 'dispatching' OR r.lease_expires_at IS NULL OR r.lease_expires_at <= now())
+     ORDER BY r.next_attempt_at
+     LIMIT max_rows
+       FOR UPDATE SKIP LOCKED
+  ), claimed AS (
+    UPDATE billguard.billing_records r
+       SET status = 'dispatching',
+           attempts = r.attempts + 1,
+           first_dispatched_at = coalesce(r.first_dispatched_at, now()),
+           lease_expires_at = now() + lease,
+           updated_at = now(),
+           stripe_endpoint = coalesce(r.stripe_endpoint, endpoint),
+           request_body = coalesce(r.request_body,
+             billguard.charge_request_body(endpoint, r.idempotency_key, r.customer_id,
+                                           r.billing_period, r.amount_cents, r.currency,
+                                           r.stripe_customer, r.payment_method))
+      FROM due
+     WHERE r.idempotency_key = due.idempotency_key
+    RETURNING r.idempotency_key, r.attempts, r.customer_id, r.billing_period,
+              r.stripe_endpoint, r.request_body,
+              CASE WHEN due.status = 'unknown'
+                     OR least(due.created_at, due.first_dispatched_at) < now() - idempotency_window
+                   THEN 'search' ELSE 'charge' END AS action
+  ), journaled AS (
+    INSERT INTO billguard.journal (persistence_id, seq_nr, customer_id, event_type, event)
+    SELECT p.id,
+           coalesce((SELECT max(j.seq_nr) FROM billguard.journal j WHERE j.persistence_id = p.id), 0) + 1,
+           c.customer_id, 'ChargeAttempted',
+           jsonb_build_object('attempt', c.attempts, 'action', c.action,
+                              'idempotency_key', c.idempotency_key, 'at', now())
+      FROM claimed c
+     CROSS JOIN LATERAL (SELECT 'billing-' || c.customer_id || '-' || c.billing_period AS id) p
+  )
+  SELECT c.idempotency_key, c.attempts, c.action, c.customer_id, c.billing_period,
+         c.stripe_endpoint, c.request_body
+    FROM claimed c;
+END $$;
+
+-- Records a batch of answers the dispatcher read and judged
+-- (common/stripe_response.cpp), in one statement: answers is a JSON array of
+-- {key, attempt, search, outcome, http_status, charge_id, replayed,
+-- request_id, error_type, error_code, decline_code, message, body_excerpt}.
+-- What each outcome does to its record, and the event it journals (every
+-- event that records an answer carries Stripe's Request-Id, what Stripe
+-- support asks for):
+--   an answer to a charge:
+--     completed     charged: charge_id                      BillingCompleted
+--     failed        not charged (a decline, a 4xx)           BillingFailed, terminal
+--     retry         again after retry_delay(attempt)         BillingFailed, not terminal
+--     throttled     a 429 or 409: the same, backoff capped at a minute
+--     unknown       a cached 500: search after settle_delay  ChargeUnknown
+--     needs_review  a person must look; never re-sent        NeedsReview
+--     paused        the API key was refused: not counted     -
+--     not_sent      never left: not counted, due again (the
+--                   dispatcher holds off while Stripe is
+--                   unreachable)                             ChargeNotSent
+--   an answer to a search for the record's charge:
+--     completed     found charged: charge_id                 ChargeReconciled
+--     absent        not found: nothing changes, the dispatcher sends the
+--                   charge now with the same key and lease
+--     retry         the search told nothing: unknown, again after retry_delay
+--     paused        the API key was refused: unknown, not counted
+--     not_sent      never left: the same
+-- A settled record (completed, failed, needs_review) leaves the dispatch
+-- queue: its next_attempt_at becomes NULL. One result per answer, in
+-- order: 'recorded', or 'stale' when the record is no longer that attempt's
+-- (its lease was taken over, an operator requeued it: a late answer must not
+-- overwrite a newer state), or 'locked' when another session holds its row:
+-- the dispatcher never waits for a row, so one held lock cannot halt all
+-- billing (see missed_attempt). Rows are found by their primary key alone,
+-- the one plan whatever the statistics say (after a crash they say the
+-- table is empty): the planner is held to index lookups in nested loops.
+CREATE FUNCTION billguard.record_answers(answers jsonb, settle_delay interval)
+  RETURNS TABLE (recorded text)
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  SET enable_seqscan = off
+  SET enable_hashjoin = off
+  SET enable_mergejoin = off
+  AS $$
+#variable_conflict use_column
+DECLARE
+  unknown_outcome text;
+BEGIN
+  SELECT a.search || '/' || a.outcome INTO unknown_outcome
+    FROM jsonb_to_recordset(answers) AS a(search boolean, outcome text)
+   WHERE NOT coalesce(a.search IS NOT NULL AND a.outcome IN ('completed', 'retry', 'paused', 'not_sent')
+                       OR a.search = false AND a.outcome IN ('failed', 'throttled', 'unknown', 'needs_review')
+                       OR a.search AND a.outcome = 'absent', false)
+   LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION 'no such outcome of an answer (search/outcome): %', unknown_outcome
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  RETURN QUERY
+  WITH answer AS (
+    SELECT *
+      FROM ROWS FROM (jsonb_to_recordset(answers) AS (
+             key text, attempt integer, search boolean, outcome text, http_status integer,
+             charge_id text, replayed boolean, request_id text, error_type text, error_code text,
+             decline_code text, message text, body_excerpt text))
+           WITH ORDINALITY AS a(key, attempt, search, outcome, http_status, charge_id, replayed,
+                                request_id, error_type, error_code, decline_code, message,
+                                body_excerpt, position)
+  ), locked AS (
+    SELECT r.idempotency_key, r.customer_id, r.billing_period, r.status, r.attempts
+      FROM billguard.billing_records r
+     WHERE r.idempotency_key IN (SELECT a.key FROM answer a)
+       FOR UPDATE SKIP LOCKED
+  ), mine AS (   -- the answers whose attempt is still their record's
+    SELECT a.*, l.customer_id, l.billing_period,
+           CASE WHEN a.search THEN 'search ' ELSE '' END || a.outcome AS what,
+           jsonb_strip_nulls(jsonb_build_object(
+             'http_status', nullif(a.http_status, 0), 'type', a.error_type, 'code', a.error_code,
+             'decline_code', a.decline_code, 'message', a.message, 'body', a.body_excerpt,
+             'request_id', a.request_id, 'attempt', a.attempt)) AS detail
+      FROM answer a
+      JOIN locked l ON l.idempotency_key = a.key AND l.status = 'dispatching' AND l.attempts = a.attempt
+  ), effect AS (
+    SELECT m.key, m.customer_id, m.billing_period,
+           CASE WHEN m.what IN ('completed', 'search completed') THEN m.charge_id END AS charge_id,
+           CASE m.what
+             WHEN 'completed' THEN 'completed' WHEN 'search completed' THEN 'completed'
+             WHEN 'failed' THEN 'failed' WHEN 'needs_review' THEN 'needs_review'
+             WHEN 'retry' THEN 'pending' WHEN 'throttled' THEN 'pending'
+             WHEN 'paused' THEN 'pending' WHEN 'not_sent' THEN 'pending'
+             WHEN 'search absent' THEN NULL   -- nothing changes
+             ELSE 'unknown'                   -- unknown, search retry, search paused, search not_sent
+           END AS status,
+           -- an attempt that provably charged nothing and told nothing does not count
+           CASE WHEN m.outcome IN ('paused', 'not_sent') THEN -1 ELSE 0 END AS attempts_delta,
+           CASE m.what
+             WHEN 'retry' THEN now() + billguard.retry_delay(m.attempt, 900)
+             -- a rate limit or a key still in use backs off a minute at most
+             WHEN 'throttled' THEN now() + billguard.retry_delay(m.attempt, 60)
+             -- search is eventually consistent: "absent" only after the settle delay
+             WHEN 'unknown' THEN now() + settle_delay
+             WHEN 'search retry' THEN now() + billguard.retry_delay(m.attempt)
+             WHEN 'paused' THEN now() WHEN 'not_sent' THEN now()
+             WHEN 'search paused' THEN now() WHEN 'search not_sent' THEN now()
+           END AS next_attempt_at,   -- NULL: settled, out of the queue
+           m.what IN ('paused', 'search paused', 'search not_sent') AS keeps_error,
+           CASE
+             WHEN m.what IN ('completed', 'search completed') THEN NULL
+             WHEN m.what = 'not_sent' THEN 'not sent: ' || m.message
+             WHEN m.what = 'search retry' THEN m.message
+             ELSE billguard.error_text(m.detail)
+           END AS last_error,
+           CASE m.what
+             WHEN 'completed' THEN 'BillingCompleted' WHEN 'search completed' THEN 'ChargeReconciled'
+             WHEN 'failed' THEN 'BillingFailed' WHEN 'retry' THEN 'BillingFailed'
+             WHEN 'throttled' THEN 'BillingFailed' WHEN 'unknown' THEN 'ChargeUnknown'
+             WHEN 'needs_review' THEN 'NeedsReview' WHEN 'not_sent' THEN 'ChargeNotSent'
+           END AS event_type,
+           CASE m.what
+             WHEN 'completed' THEN jsonb_strip_nulls(jsonb_build_object(
+               'charge_id', m.charge_id, 'replayed', coalesce(m.replayed, false),
+               'http_status', m.http_status, 'attempt', m.attempt, 'request_id', m.request_id))
+             WHEN 'search completed' THEN jsonb_strip_nulls(jsonb_build_object(
+               'charge_id', m.charge_id, 'via', 'search', 'attempt', m.attempt,
+               'request_id', m.request_id))
+             WHEN 'failed' THEN m.detail || jsonb_build_object('terminal', true)
+             WHEN 'retry' THEN m.detail || jsonb_build_object('terminal', false)
+             WHEN 'throttled' THEN m.detail || jsonb_build_object('terminal', false)
+             WHEN 'unknown' THEN m.detail
+             WHEN 'needs_review' THEN m.detail
+             WHEN 'not_sent' THEN jsonb_build_object('attempt', m.attempt, 'message', m.message)
+           END AS event
+      FROM mine m
+  ), updated AS (
+    UPDATE billguard.billing_records r
+       SET status = e.status,
+           attempts = r.attempts + e.attempts_delta,
+           next_attempt_at = e.next_attempt_at,
+           lease_expires_at = NULL,
+           last_error = CASE WHEN e.keeps_error THEN r.last_error ELSE e.last_error END,
+           charge_id = coalesce(e.charge_id, r.charge_id),
+           completed_at = CASE WHEN e.status = 'completed' THEN now() ELSE r.completed_at END,
+           updated_at = now()
+      FROM effect e
+     WHERE r.idempotency_key = e.key AND e.status IS NOT NULL
+  ), journaled AS (
+    -- The record's row lock serialises all writers of its entity, so
+    -- max + 1 cannot race.
+    INSERT INTO billguard.journal (persistence_id, seq_nr, customer_id, event_type, event)
+    SELECT p.id,
+           coalesce((SELECT max(j.seq_nr) FROM billguard.journal j WHERE j.persistence_id = p.id), 0) + 1,
+           e.customer_id, e.event_type, e.event
+      FROM effect e
+     CROSS JOIN LATERAL (SELECT 'billing-' || e.customer_id || '-' || e.billing_period AS id) p
+     WHERE e.event_type IS NOT NULL
+  )
+  SELECT CASE WHEN a.position IN (SELECT m.position FROM mine m) THEN 'recorded'
+              WHEN a.key IN (SELECT l.idempotency_key FROM locked l) THEN 'stale'
+              ELSE billguard.missed_attempt(a.key, a.attempt)
+         END
+    FROM answer a
+   ORDER BY a.position;
+END $$;
+
+-- One answer to a charge (see record_answers).
+CREATE OR REPLACE FUNCTION billguard.record_charge_response(
+    key text, attempt integer, outcome text, http_status integer, charge_id text,
+    replayed boolean, request_id text, error_type text, error_code text, decline_code text,
+    message text, body_excerpt text, settle_delay interval)
+  RETURNS text
+  LANGUAGE sql
+  SET search_path = pg_catalog, pg_temp
+  RETURN (SELECT a.recorded FROM billguard.record_answers(jsonb_build_array(jsonb_build_object(
+            'key', key, 'attempt', attempt, 'search', false, 'outcome', outcome,
+            'http_status', http_status, 'charge_id', charge_id, 'replayed', replayed,
+            'request_id', request_id, 'error_type', error_type, 'error_code', error_code,
+            'decline_code', decline_code, 'message', message, 'body_excerpt', body_excerpt)),
+          settle_delay) a);
+
+-- One answer to a search for the record's charge (see record_answers).
+CREATE OR REPLACE FUNCTION billguard.record_search_result(
+    key text, attempt integer, outcome text, http_status integer, charge_id text,
+    request_id text, message text)
+  RETURNS text
+  LANGUAGE sql
+  SET search_path = pg_catalog, pg_temp
+  RETURN (SELECT a.recorded FROM billguard.record_answers(jsonb_build_array(jsonb_build_object(
+            'key', key, 'attempt', attempt, 'search', true, 'outcome', outcome,
+            'http_status', http_status, 'charge_id', charge_id, 'request_id', request_id,
+            'message', message)),
+          NULL) a);
+
+CREATE OR REPLACE VIEW billguard.dispatch_status AS
+SELECT d.pid IS NOT NULL AS worker_running,
+       d.pid AS worker_pid,
+       d.started_at AS worker_started_at,
+       d.paused,
+       d.pause_reason,
+       d.in_flight,
+       d.requests_sent,
+       -- Outstanding records are the dispatch queue (next_attempt_at set); due
+       -- as billguard.claim_due_records sees it.
+       (SELECT count(*) FROM billguard.billing_records r
+         WHERE r.next_attempt_at <= now() AND r.status IN ('pending', 'dispatching', 'unknown')
+           AND (r.status <> 'dispatching' OR r.lease_expires_at IS NULL OR r.lease_expires_at <= now())) AS due,
+       (SELECT count(*) FROM billguard.billing_records r
+         WHERE r.next_attempt_at IS NOT NULL AND r.status IN ('pending', 'dispatching', 'unknown')) AS outstanding,
+       (SELECT now() - min(r.created_at) FROM billguard.billing_records r
+         WHERE r.next_attempt_at IS NOT NULL AND r.status IN ('pending', 'dispatching', 'unknown')) AS oldest_outstanding_age,
+       (SELECT count(*) FROM billguard.billing_records r
+         WHERE r.status = 'completed' AND r.completed_at > now() - interval '1 minute') AS completed_last_minute,
+       (SELECT count(*) FROM billguard.billing_records r
+         WHERE r.status IN ('failed', 'needs_review') AND r.updated_at > now() - interval '1 minute') AS failed_last_minute,
+       d.not_served_reason
+  FROM billguard.dispatcher_state() d;
+
+CREATE OR REPLACE FUNCTION billguard.resolve_record(customer_id text, billing_period text, charge_id text)
+  RETURNS text
+  LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  rec billguard.billing_records;
+BEGIN
+  IF resolve_record.charge_id IS NULL OR resolve_record.charge_id !~ '^(pi|ch)_[A-Za-z0-9_]+$' THEN
+    RAISE EXCEPTION 'charge_id must be a Stripe id (pi_... or ch_...)'
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  rec := billguard.record_for_operator(resolve_record.customer_id, resolve_record.billing_period,
+                                       ARRAY['needs_review', 'failed', 'unknown'], 'resolved');
+  IF rec.charge_id IS NOT NULL THEN
+    RAISE EXCEPTION 'billing record %/% already has charge %: a charge id never changes',
+                    rec.customer_id, rec.billing_period, rec.charge_id
+      USING ERRCODE = 'integrity_constraint_violation';
+  END IF;
+  UPDATE billguard.billing_records r
+     SET status = 'completed', charge_id = resolve_record.charge_id, completed_at = now(),
+         last_error = NULL, next_attempt_at = NULL, updated_at = now()
+   WHERE r.idempotency_key = rec.idempotency_key;
+  PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'ReviewResolved',
+    jsonb_build_object('charge_id', resolve_record.charge_id, 'previous_status', rec.status,
+                       'by', session_user));
+  RETURN 'completed';
+END $$;
+
+CREATE OR REPLACE FUNCTION billguard.cancel_unsent(customer_id text, billing_period text, reason text)
+  RETURNS bigint
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+DECLARE
+  rec record;
+  cancelled bigint := 0;
+BEGIN
+  FOR rec IN
+    UPDATE billguard.billing_records r SET status = 'cancelled', next_attempt_at = NULL, updated_at = now()
+     WHERE r.customer_id = cancel_unsent.customer_id
+       AND (cancel_unsent.billing_period IS NULL OR r.billing_period = cancel_unsent.billing_period)
+       AND r.status = 'pending' AND r.first_dispatched_at IS NULL
+    RETURNING r.customer_id, r.billing_period
+  LOOP
+    PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'BillingCancelled',
+      jsonb_build_object('previous_status', 'pending', 'reason', reason, 'by', session_user));
+    cancelled := cancelled + 1;
+  END LOOP;
+  RETURN cancelled;
+END $$;
+
+-- As in a fresh install, the function this section creates is not granted
+-- to PUBLIC.
+REVOKE ALL ON FUNCTION billguard.record_answers(jsonb, interval) FROM PUBLIC;

@@ -17,7 +17,9 @@ CREATE TABLE billguard.billing_records (
   payment_method      text,
   request_id          text,            -- tracing only; never part of a key
   attempts            integer NOT NULL DEFAULT 0,
-  next_attempt_at     timestamptz NOT NULL DEFAULT now(),
+  -- When the dispatcher may next send it; NULL once it is settled (the
+  -- dispatch queue below holds only the records that still need a request).
+  next_attempt_at     timestamptz DEFAULT now(),
   lease_expires_at    timestamptz,
   first_dispatched_at timestamptz,
   last_error          text,
@@ -36,13 +38,21 @@ CREATE TABLE billguard.billing_records (
      'cancelled')),
   CONSTRAINT billing_records_amount_positive CHECK (amount_cents > 0),
   CONSTRAINT billing_records_completed_has_charge CHECK (status <> 'completed' OR charge_id IS NOT NULL)
-);
+)
+-- A record grows to about 470 bytes when its first claim stores the
+-- request, and its answer writes one more version of it: with room left on
+-- the page both updates stay there, the claim as a HOT update (no index
+-- entry) and the answer logging only the columns it changes, not the body.
+WITH (fillfactor = 50);
 COMMENT ON TABLE billguard.billing_records IS
   'Pre-flight claims: one per (customer_id, billing_period), each with its one idempotency key.';
 
--- The dispatch queue: rows that still need a request, in due order.
+-- The dispatch queue: records that still need a request, in due order. Its
+-- key and predicate are next_attempt_at alone, which a claim leaves as it is
+-- (the lease is lease_expires_at), so a claim is a HOT update; settling a
+-- record sets next_attempt_at NULL, which takes it out.
 CREATE INDEX billing_records_due ON billguard.billing_records (next_attempt_at)
-  WHERE status IN ('pending', 'dispatching', 'unknown');
+  WHERE next_attempt_at IS NOT NULL;
 
 -- A billing record is a financial fact: deleting it would let the same
 -- (customer, period) be claimed again with a fresh history, and changing

@@ -35,7 +35,8 @@ BEGIN
 END $$;
 
 -- At dispatcher start: rows a previous dispatcher left 'dispatching' are due
--- now, to be re-sent with their stored key.
+-- now, to be re-sent with their stored key. They are in the dispatch queue,
+-- which the scan reads instead of the whole table.
 CREATE FUNCTION billguard.requeue_abandoned() RETURNS bigint
   LANGUAGE sql
   SET search_path = pg_catalog, pg_temp
@@ -43,7 +44,7 @@ CREATE FUNCTION billguard.requeue_abandoned() RETURNS bigint
   WITH requeued AS (
     UPDATE billguard.billing_records
        SET next_attempt_at = now(), lease_expires_at = NULL, updated_at = now()
-     WHERE status = 'dispatching'
+     WHERE status = 'dispatching' AND next_attempt_at IS NOT NULL
     RETURNING 1)
   SELECT count(*) FROM requeued;
 $$;
@@ -60,9 +61,12 @@ CREATE FUNCTION billguard.charge_request_body(endpoint text, idempotency_key tex
   AS 'MODULE_PATHNAME', 'billguard_charge_request_body';
 
 -- Claims up to max_rows due records: status 'dispatching', attempts + 1,
--- first_dispatched_at set once, a lease (a dispatching row whose lease
--- expires is due again), and on its first claim the request it sends for
--- good: `endpoint` and the body built for it. action says what to send:
+-- first_dispatched_at set once, a lease (lease_expires_at: a dispatching row
+-- is due again once it has passed, or when it has none), and on its first
+-- claim the request it sends for good: `endpoint` and the body built for
+-- it. The claim leaves next_attempt_at as it is, so the record keeps its
+-- place in the dispatch queue and the update stays HOT (no index entry).
+-- action says what to send:
 --   'charge'  POST the stored body to the stored endpoint with the key;
 --   'search'  look the charge up first: the outcome of an earlier attempt
 --             is unknown (a cached 500), or the record was claimed (created)
@@ -70,12 +74,18 @@ CREATE FUNCTION billguard.charge_request_body(endpoint text, idempotency_key tex
 --             the key of a request the record no longer knows it sent (a
 --             backup restored from between that request and its recording
 --             has no first_dispatched_at).
+-- Whatever the statistics say, the queue is read in due order from its
+-- index and each claimed row is updated through its primary key.
 CREATE FUNCTION billguard.claim_due_records(max_rows integer, lease interval,
                                             idempotency_window interval, endpoint text)
   RETURNS TABLE (idempotency_key text, attempt integer, action text, customer_id text,
                  billing_period text, stripe_endpoint text, request_body text)
   LANGUAGE plpgsql
   SET search_path = pg_catalog, pg_temp
+  SET enable_seqscan = off
+  SET enable_bitmapscan = off
+  SET enable_hashjoin = off
+  SET enable_mergejoin = off
   AS $$
 #variable_conflict use_column
 BEGIN
@@ -87,7 +97,8 @@ BEGIN
   WITH due AS (
     SELECT r.idempotency_key, r.status, r.created_at, r.first_dispatched_at
       FROM billguard.billing_records r
-     WHERE r.status IN ('pending', 'dispatching', 'unknown') AND r.next_attempt_at <= now()
+     WHERE r.next_attempt_at <= now() AND r.status IN ('pending', 'dispatching', 'unknown')
+       AND (r.status <> 'dispatching' OR r.lease_expires_at IS NULL OR r.lease_expires_at <= now())
      ORDER BY r.next_attempt_at
      LIMIT max_rows
        FOR UPDATE SKIP LOCKED
@@ -97,7 +108,6 @@ BEGIN
            attempts = r.attempts + 1,
            first_dispatched_at = coalesce(r.first_dispatched_at, now()),
            lease_expires_at = now() + lease,
-           next_attempt_at = now() + lease,
            updated_at = now(),
            stripe_endpoint = coalesce(r.stripe_endpoint, endpoint),
            request_body = coalesce(r.request_body,
@@ -169,154 +179,195 @@ CREATE FUNCTION billguard.error_text(detail jsonb) RETURNS text
                    nullif(concat_ws('/', detail ->> 'type', detail ->> 'code'), '') || ':',
                    detail ->> 'message');
 
--- Records the answer to attempt `attempt` of a charge. The dispatcher has
--- read the answer and judged it (common/stripe_response.cpp); `outcome` is
--- what it means:
---   completed     charged: charge_id                      BillingCompleted
---   failed        not charged (a decline, a 4xx)           BillingFailed, terminal
---   retry         again after retry_delay(attempt)         BillingFailed, not terminal
---   throttled     a 429 or 409: the same, backoff capped at a minute
---   unknown       a cached 500: search after settle_delay  ChargeUnknown
---   needs_review  a person must look; never re-sent        NeedsReview
---   paused        the API key was refused: not counted     -
---   not_sent      never left: not counted, due again (the
---                 dispatcher holds off while Stripe is
---                 unreachable)                             ChargeNotSent
--- Every event carries Stripe's Request-Id of the answer, what Stripe support
--- asks for. Returns 'recorded', or 'stale' when the record is no longer
--- this attempt's (its lease was taken over, an operator requeued it), or
--- 'locked' when another session holds its row (see missed_attempt).
+-- Records a batch of answers the dispatcher read and judged
+-- (common/stripe_response.cpp), in one statement: answers is a JSON array of
+-- {key, attempt, search, outcome, http_status, charge_id, replayed,
+-- request_id, error_type, error_code, decline_code, message, body_excerpt}.
+-- What each outcome does to its record, and the event it journals (every
+-- event that records an answer carries Stripe's Request-Id, what Stripe
+-- support asks for):
+--   an answer to a charge:
+--     completed     charged: charge_id                      BillingCompleted
+--     failed        not charged (a decline, a 4xx)           BillingFailed, terminal
+--     retry         again after retry_delay(attempt)         BillingFailed, not terminal
+--     throttled     a 429 or 409: the same, backoff capped at a minute
+--     unknown       a cached 500: search after settle_delay  ChargeUnknown
+--     needs_review  a person must look; never re-sent        NeedsReview
+--     paused        the API key was refused: not counted     -
+--     not_sent      never left: not counted, due again (the
+--                   dispatcher holds off while Stripe is
+--                   unreachable)                             ChargeNotSent
+--   an answer to a search for the record's charge:
+--     completed     found charged: charge_id                 ChargeReconciled
+--     absent        not found: nothing changes, the dispatcher sends the
+--                   charge now with the same key and lease
+--     retry         the search told nothing: unknown, again after retry_delay
+--     paused        the API key was refused: unknown, not counted
+--     not_sent      never left: the same
+-- A settled record (completed, failed, needs_review) leaves the dispatch
+-- queue: its next_attempt_at becomes NULL. One result per answer, in
+-- order: 'recorded', or 'stale' when the record is no longer that attempt's
+-- (its lease was taken over, an operator requeued it: a late answer must not
+-- overwrite a newer state), or 'locked' when another session holds its row:
+-- the dispatcher never waits for a row, so one held lock cannot halt all
+-- billing (see missed_attempt). Rows are found by their primary key alone,
+-- the one plan whatever the statistics say (after a crash they say the
+-- table is empty): the planner is held to index lookups in nested loops.
+CREATE FUNCTION billguard.record_answers(answers jsonb, settle_delay interval)
+  RETURNS TABLE (recorded text)
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  SET enable_seqscan = off
+  SET enable_hashjoin = off
+  SET enable_mergejoin = off
+  AS $$
+#variable_conflict use_column
+DECLARE
+  unknown_outcome text;
+BEGIN
+  SELECT a.search || '/' || a.outcome INTO unknown_outcome
+    FROM jsonb_to_recordset(answers) AS a(search boolean, outcome text)
+   WHERE NOT coalesce(a.search IS NOT NULL AND a.outcome IN ('completed', 'retry', 'paused', 'not_sent')
+                       OR a.search = false AND a.outcome IN ('failed', 'throttled', 'unknown', 'needs_review')
+                       OR a.search AND a.outcome = 'absent', false)
+   LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION 'no such outcome of an answer (search/outcome): %', unknown_outcome
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  RETURN QUERY
+  WITH answer AS (
+    SELECT *
+      FROM ROWS FROM (jsonb_to_recordset(answers) AS (
+             key text, attempt integer, search boolean, outcome text, http_status integer,
+             charge_id text, replayed boolean, request_id text, error_type text, error_code text,
+             decline_code text, message text, body_excerpt text))
+           WITH ORDINALITY AS a(key, attempt, search, outcome, http_status, charge_id, replayed,
+                                request_id, error_type, error_code, decline_code, message,
+                                body_excerpt, position)
+  ), locked AS (
+    SELECT r.idempotency_key, r.customer_id, r.billing_period, r.status, r.attempts
+      FROM billguard.billing_records r
+     WHERE r.idempotency_key IN (SELECT a.key FROM answer a)
+       FOR UPDATE SKIP LOCKED
+  ), mine AS (   -- the answers whose attempt is still their record's
+    SELECT a.*, l.customer_id, l.billing_period,
+           CASE WHEN a.search THEN 'search ' ELSE '' END || a.outcome AS what,
+           jsonb_strip_nulls(jsonb_build_object(
+             'http_status', nullif(a.http_status, 0), 'type', a.error_type, 'code', a.error_code,
+             'decline_code', a.decline_code, 'message', a.message, 'body', a.body_excerpt,
+             'request_id', a.request_id, 'attempt', a.attempt)) AS detail
+      FROM answer a
+      JOIN locked l ON l.idempotency_key = a.key AND l.status = 'dispatching' AND l.attempts = a.attempt
+  ), effect AS (
+    SELECT m.key, m.customer_id, m.billing_period,
+           CASE WHEN m.what IN ('completed', 'search completed') THEN m.charge_id END AS charge_id,
+           CASE m.what
+             WHEN 'completed' THEN 'completed' WHEN 'search completed' THEN 'completed'
+             WHEN 'failed' THEN 'failed' WHEN 'needs_review' THEN 'needs_review'
+             WHEN 'retry' THEN 'pending' WHEN 'throttled' THEN 'pending'
+             WHEN 'paused' THEN 'pending' WHEN 'not_sent' THEN 'pending'
+             WHEN 'search absent' THEN NULL   -- nothing changes
+             ELSE 'unknown'                   -- unknown, search retry, search paused, search not_sent
+           END AS status,
+           -- an attempt that provably charged nothing and told nothing does not count
+           CASE WHEN m.outcome IN ('paused', 'not_sent') THEN -1 ELSE 0 END AS attempts_delta,
+           CASE m.what
+             WHEN 'retry' THEN now() + billguard.retry_delay(m.attempt, 900)
+             -- a rate limit or a key still in use backs off a minute at most
+             WHEN 'throttled' THEN now() + billguard.retry_delay(m.attempt, 60)
+             -- search is eventually consistent: "absent" only after the settle delay
+             WHEN 'unknown' THEN now() + settle_delay
+             WHEN 'search retry' THEN now() + billguard.retry_delay(m.attempt)
+             WHEN 'paused' THEN now() WHEN 'not_sent' THEN now()
+             WHEN 'search paused' THEN now() WHEN 'search not_sent' THEN now()
+           END AS next_attempt_at,   -- NULL: settled, out of the queue
+           m.what IN ('paused', 'search paused', 'search not_sent') AS keeps_error,
+           CASE
+             WHEN m.what IN ('completed', 'search completed') THEN NULL
+             WHEN m.what = 'not_sent' THEN 'not sent: ' || m.message
+             WHEN m.what = 'search retry' THEN m.message
+             ELSE billguard.error_text(m.detail)
+           END AS last_error,
+           CASE m.what
+             WHEN 'completed' THEN 'BillingCompleted' WHEN 'search completed' THEN 'ChargeReconciled'
+             WHEN 'failed' THEN 'BillingFailed' WHEN 'retry' THEN 'BillingFailed'
+             WHEN 'throttled' THEN 'BillingFailed' WHEN 'unknown' THEN 'ChargeUnknown'
+             WHEN 'needs_review' THEN 'NeedsReview' WHEN 'not_sent' THEN 'ChargeNotSent'
+           END AS event_type,
+           CASE m.what
+             WHEN 'completed' THEN jsonb_strip_nulls(jsonb_build_object(
+               'charge_id', m.charge_id, 'replayed', coalesce(m.replayed, false),
+               'http_status', m.http_status, 'attempt', m.attempt, 'request_id', m.request_id))
+             WHEN 'search completed' THEN jsonb_strip_nulls(jsonb_build_object(
+               'charge_id', m.charge_id, 'via', 'search', 'attempt', m.attempt,
+               'request_id', m.request_id))
+             WHEN 'failed' THEN m.detail || jsonb_build_object('terminal', true)
+             WHEN 'retry' THEN m.detail || jsonb_build_object('terminal', false)
+             WHEN 'throttled' THEN m.detail || jsonb_build_object('terminal', false)
+             WHEN 'unknown' THEN m.detail
+             WHEN 'needs_review' THEN m.detail
+             WHEN 'not_sent' THEN jsonb_build_object('attempt', m.attempt, 'message', m.message)
+           END AS event
+      FROM mine m
+  ), updated AS (
+    UPDATE billguard.billing_records r
+       SET status = e.status,
+           attempts = r.attempts + e.attempts_delta,
+           next_attempt_at = e.next_attempt_at,
+           lease_expires_at = NULL,
+           last_error = CASE WHEN e.keeps_error THEN r.last_error ELSE e.last_error END,
+           charge_id = coalesce(e.charge_id, r.charge_id),
+           completed_at = CASE WHEN e.status = 'completed' THEN now() ELSE r.completed_at END,
+           updated_at = now()
+      FROM effect e
+     WHERE r.idempotency_key = e.key AND e.status IS NOT NULL
+  ), journaled AS (
+    -- The record's row lock serialises all writers of its entity, so
+    -- max + 1 cannot race.
+    INSERT INTO billguard.journal (persistence_id, seq_nr, customer_id, event_type, event)
+    SELECT p.id,
+           coalesce((SELECT max(j.seq_nr) FROM billguard.journal j WHERE j.persistence_id = p.id), 0) + 1,
+           e.customer_id, e.event_type, e.event
+      FROM effect e
+     CROSS JOIN LATERAL (SELECT 'billing-' || e.customer_id || '-' || e.billing_period AS id) p
+     WHERE e.event_type IS NOT NULL
+  )
+  SELECT CASE WHEN a.position IN (SELECT m.position FROM mine m) THEN 'recorded'
+              WHEN a.key IN (SELECT l.idempotency_key FROM locked l) THEN 'stale'
+              ELSE billguard.missed_attempt(a.key, a.attempt)
+         END
+    FROM answer a
+   ORDER BY a.position;
+END $$;
+
+-- One answer to a charge (see record_answers).
 CREATE FUNCTION billguard.record_charge_response(
     key text, attempt integer, outcome text, http_status integer, charge_id text,
     replayed boolean, request_id text, error_type text, error_code text, decline_code text,
     message text, body_excerpt text, settle_delay interval)
   RETURNS text
-  LANGUAGE plpgsql
+  LANGUAGE sql
   SET search_path = pg_catalog, pg_temp
-  AS $$
-DECLARE
-  rec    billguard.billing_records;
-  detail jsonb;
-BEGIN
-  rec := billguard.lock_attempt(key, attempt);
-  IF rec.idempotency_key IS NULL THEN
-    RETURN billguard.missed_attempt(key, attempt);
-  END IF;
-  detail := jsonb_strip_nulls(jsonb_build_object(
-    'http_status', nullif(http_status, 0), 'type', error_type, 'code', error_code,
-    'decline_code', decline_code, 'message', message, 'body', body_excerpt,
-    'request_id', request_id, 'attempt', attempt));
+  RETURN (SELECT a.recorded FROM billguard.record_answers(jsonb_build_array(jsonb_build_object(
+            'key', key, 'attempt', attempt, 'search', false, 'outcome', outcome,
+            'http_status', http_status, 'charge_id', charge_id, 'replayed', replayed,
+            'request_id', request_id, 'error_type', error_type, 'error_code', error_code,
+            'decline_code', decline_code, 'message', message, 'body_excerpt', body_excerpt)),
+          settle_delay) a);
 
-  CASE outcome
-    WHEN 'completed' THEN
-      UPDATE billguard.billing_records r
-         SET status = 'completed', charge_id = record_charge_response.charge_id,
-             completed_at = now(), lease_expires_at = NULL, last_error = NULL, updated_at = now()
-       WHERE r.idempotency_key = key;
-      PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'BillingCompleted',
-        jsonb_strip_nulls(jsonb_build_object(
-          'charge_id', record_charge_response.charge_id, 'replayed', coalesce(replayed, false),
-          'http_status', http_status, 'attempt', attempt, 'request_id', request_id)));
-    WHEN 'paused' THEN
-      -- The key was refused before anything was charged: the attempt does
-      -- not count, and the record waits for a fixed key.
-      UPDATE billguard.billing_records r
-         SET status = 'pending', attempts = r.attempts - 1, next_attempt_at = now(),
-             lease_expires_at = NULL, updated_at = now()
-       WHERE r.idempotency_key = key;
-    WHEN 'not_sent' THEN
-      UPDATE billguard.billing_records r
-         SET status = 'pending', attempts = r.attempts - 1, next_attempt_at = now(),
-             lease_expires_at = NULL, last_error = 'not sent: ' || message, updated_at = now()
-       WHERE r.idempotency_key = key;
-      PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'ChargeNotSent',
-        jsonb_build_object('attempt', attempt, 'message', message));
-    WHEN 'retry', 'throttled' THEN
-      -- A rate limit or a key still in use backs off a minute at most.
-      UPDATE billguard.billing_records r
-         SET status = 'pending',
-             next_attempt_at = now() + billguard.retry_delay(attempt,
-                                 CASE WHEN outcome = 'throttled' THEN 60 ELSE 900 END),
-             lease_expires_at = NULL, last_error = billguard.error_text(detail), updated_at = now()
-       WHERE r.idempotency_key = key;
-      PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'BillingFailed',
-        detail || jsonb_build_object('terminal', false));
-    WHEN 'unknown' THEN
-      -- Search is eventually consistent: do not conclude "absent" before
-      -- the settle delay has passed.
-      UPDATE billguard.billing_records r
-         SET status = 'unknown', next_attempt_at = now() + settle_delay,
-             lease_expires_at = NULL, last_error = billguard.error_text(detail), updated_at = now()
-       WHERE r.idempotency_key = key;
-      PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'ChargeUnknown',
-        detail);
-    WHEN 'needs_review' THEN
-      UPDATE billguard.billing_records r
-         SET status = 'needs_review', lease_expires_at = NULL,
-             last_error = billguard.error_text(detail), updated_at = now()
-       WHERE r.idempotency_key = key;
-      PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'NeedsReview',
-        detail);
-    WHEN 'failed' THEN
-      UPDATE billguard.billing_records r
-         SET status = 'failed', lease_expires_at = NULL,
-             last_error = billguard.error_text(detail), updated_at = now()
-       WHERE r.idempotency_key = key;
-      PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'BillingFailed',
-        detail || jsonb_build_object('terminal', true));
-  END CASE;
-  RETURN 'recorded';
-END $$;
-
--- Records the answer to attempt `attempt`'s search for the record's charge
--- (judged by the dispatcher, like charge answers):
---   completed  found charged: charge_id                     ChargeReconciled
---   absent     not found: nothing changes, the dispatcher sends the charge
---              now with the same key and lease
---   retry      the search told nothing: unknown, again after retry_delay
---   paused     the API key was refused: unknown, not counted
---   not_sent   never left: the same
--- Returns 'recorded', 'stale' or 'locked'.
+-- One answer to a search for the record's charge (see record_answers).
 CREATE FUNCTION billguard.record_search_result(
     key text, attempt integer, outcome text, http_status integer, charge_id text,
     request_id text, message text)
   RETURNS text
-  LANGUAGE plpgsql
+  LANGUAGE sql
   SET search_path = pg_catalog, pg_temp
-  AS $$
-DECLARE
-  rec billguard.billing_records;
-BEGIN
-  rec := billguard.lock_attempt(key, attempt);
-  IF rec.idempotency_key IS NULL THEN
-    RETURN billguard.missed_attempt(key, attempt);
-  END IF;
-  CASE outcome
-    WHEN 'absent' THEN
-      NULL;
-    WHEN 'completed' THEN
-      UPDATE billguard.billing_records r
-         SET status = 'completed', charge_id = record_search_result.charge_id,
-             completed_at = now(), lease_expires_at = NULL, last_error = NULL, updated_at = now()
-       WHERE r.idempotency_key = key;
-      PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'ChargeReconciled',
-        jsonb_strip_nulls(jsonb_build_object(
-          'charge_id', record_search_result.charge_id, 'via', 'search', 'attempt', attempt,
-          'request_id', request_id)));
-    WHEN 'retry' THEN
-      -- We still do not know whether an earlier attempt charged: stay unknown.
-      UPDATE billguard.billing_records r
-         SET status = 'unknown', next_attempt_at = now() + billguard.retry_delay(attempt),
-             lease_expires_at = NULL, last_error = message, updated_at = now()
-       WHERE r.idempotency_key = key;
-    WHEN 'paused', 'not_sent' THEN
-      UPDATE billguard.billing_records r
-         SET status = 'unknown', attempts = r.attempts - 1, next_attempt_at = now(),
-             lease_expires_at = NULL, updated_at = now()
-       WHERE r.idempotency_key = key;
-  END CASE;
-  RETURN 'recorded';
-END $$;
+  RETURN (SELECT a.recorded FROM billguard.record_answers(jsonb_build_array(jsonb_build_object(
+            'key', key, 'attempt', attempt, 'search', true, 'outcome', outcome,
+            'http_status', http_status, 'charge_id', charge_id, 'request_id', request_id,
+            'message', message)),
+          NULL) a);
 
 -- Returns a claimed record that was never sent to the queue (the dispatcher
 -- paused before sending it): the attempt does not count, and the record is

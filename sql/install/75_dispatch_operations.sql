@@ -20,12 +20,15 @@ SELECT d.pid IS NOT NULL AS worker_running,
        d.pause_reason,
        d.in_flight,
        d.requests_sent,
+       -- Outstanding records are the dispatch queue (next_attempt_at set); due
+       -- as billguard.claim_due_records sees it.
        (SELECT count(*) FROM billguard.billing_records r
-         WHERE r.status IN ('pending', 'dispatching', 'unknown') AND r.next_attempt_at <= now()) AS due,
+         WHERE r.next_attempt_at <= now() AND r.status IN ('pending', 'dispatching', 'unknown')
+           AND (r.status <> 'dispatching' OR r.lease_expires_at IS NULL OR r.lease_expires_at <= now())) AS due,
        (SELECT count(*) FROM billguard.billing_records r
-         WHERE r.status IN ('pending', 'dispatching', 'unknown')) AS outstanding,
+         WHERE r.next_attempt_at IS NOT NULL AND r.status IN ('pending', 'dispatching', 'unknown')) AS outstanding,
        (SELECT now() - min(r.created_at) FROM billguard.billing_records r
-         WHERE r.status IN ('pending', 'dispatching', 'unknown')) AS oldest_outstanding_age,
+         WHERE r.next_attempt_at IS NOT NULL AND r.status IN ('pending', 'dispatching', 'unknown')) AS oldest_outstanding_age,
        (SELECT count(*) FROM billguard.billing_records r
          WHERE r.status = 'completed' AND r.completed_at > now() - interval '1 minute') AS completed_last_minute,
        (SELECT count(*) FROM billguard.billing_records r
@@ -146,7 +149,7 @@ BEGIN
   END IF;
   UPDATE billguard.billing_records r
      SET status = 'completed', charge_id = resolve_record.charge_id, completed_at = now(),
-         last_error = NULL, updated_at = now()
+         last_error = NULL, next_attempt_at = NULL, updated_at = now()
    WHERE r.idempotency_key = rec.idempotency_key;
   PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'ReviewResolved',
     jsonb_build_object('charge_id', resolve_record.charge_id, 'previous_status', rec.status,

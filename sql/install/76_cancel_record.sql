@@ -19,7 +19,7 @@ DECLARE
   cancelled bigint := 0;
 BEGIN
   FOR rec IN
-    UPDATE billguard.billing_records r SET status = 'cancelled', updated_at = now()
+    UPDATE billguard.billing_records r SET status = 'cancelled', next_attempt_at = NULL, updated_at = now()
      WHERE r.customer_id = cancel_unsent.customer_id
        AND (cancel_unsent.billing_period IS NULL OR r.billing_period = cancel_unsent.billing_period)
        AND r.status = 'pending' AND r.first_dispatched_at IS NULL

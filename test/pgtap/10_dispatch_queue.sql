@@ -3,7 +3,8 @@
 -- Proves:
 --  claim_due_records  claims only due rows (pending/unknown/dispatching with
 --      an expired lease, next_attempt_at <= now()), oldest first, at most
---      max_rows; sets dispatching, attempts + 1, a lease, first_dispatched_at
+--      max_rows; sets dispatching, attempts + 1, a lease (next_attempt_at, the
+--      record's place in the queue, untouched), first_dispatched_at
 --      once (kept on re-claim); writes ChargeAttempted (attempt, action,
 --      key); action 'search' for unknown rows and for rows first dispatched
 --      longer ago than the idempotency window, else 'charge'; a row locked by
@@ -12,8 +13,9 @@
 --      it is 'locked' at once, recorded once the lock is gone.
 --  record_charge_response  each outcome the dispatcher judged (the
 --      judgement itself is unit-tested, test/unit/stripe_response_test.cpp):
---      completed (charge id, BillingCompleted), failed (terminal
---      BillingFailed), needs_review (NeedsReview, an unreadable body kept as
+--      completed (charge id, BillingCompleted, out of the queue), failed
+--      (terminal BillingFailed, out of the queue), needs_review (NeedsReview,
+--      out of the queue, an unreadable body kept as
 --      text), retry (pending, backoff, BillingFailed not terminal), unknown
 --      (settle delay, ChargeUnknown), paused and not_sent (the attempt not
 --      counted; ChargeNotSent); every event carries the Request-Id; a stale
@@ -26,7 +28,7 @@
 --  retry_record / resolve_record  allowed statuses, 22023 / P0002
 --      otherwise, events RecordRequeued / ReviewResolved.
 BEGIN;
-SELECT plan(120);
+SELECT plan(123);
 
 -- Other suites' rows (if any) must not be claimed here.
 UPDATE billguard.billing_records SET next_attempt_at = 'infinity'
@@ -136,12 +138,12 @@ SELECT results_eq($$SELECT idempotency_key, billing_period, stripe_endpoint, req
 SELECT results_eq($$SELECT customer_id, status, attempts, lease_expires_at, next_attempt_at
                       FROM billguard.billing_records WHERE customer_id IN ('t10_due1', 't10_due2', 't10_expired', 't10_old', 't10_unknown')
                      ORDER BY customer_id$$,
-                  $$VALUES ('t10_due1', 'dispatching', 1, now() + interval '30 seconds', now() + interval '30 seconds'),
-                           ('t10_due2', 'dispatching', 1, now() + interval '30 seconds', now() + interval '30 seconds'),
-                           ('t10_expired', 'dispatching', 2, now() + interval '30 seconds', now() + interval '30 seconds'),
-                           ('t10_old', 'dispatching', 3, now() + interval '30 seconds', now() + interval '30 seconds'),
-                           ('t10_unknown', 'dispatching', 2, now() + interval '30 seconds', now() + interval '30 seconds')$$,
-                  'claimed rows: dispatching, attempts + 1, leased until now() + lease, due again when the lease expires');
+                  $$VALUES ('t10_due1', 'dispatching', 1, now() + interval '30 seconds', '1999-01-01'::timestamptz),
+                           ('t10_due2', 'dispatching', 1, now() + interval '30 seconds', '2000-01-01'),
+                           ('t10_expired', 'dispatching', 2, now() + interval '30 seconds', now() - interval '1 second'),
+                           ('t10_old', 'dispatching', 3, now() + interval '30 seconds', '2000-01-01'),
+                           ('t10_unknown', 'dispatching', 2, now() + interval '30 seconds', '2000-01-01')$$,
+                  'claimed rows: dispatching, attempts + 1, leased until now() + lease, their next_attempt_at (their place in the queue) untouched');
 SELECT results_eq($$SELECT customer_id, first_dispatched_at FROM billguard.billing_records
                      WHERE customer_id IN ('t10_due1', 't10_due2', 't10_expired', 't10_old', 't10_unknown') ORDER BY customer_id$$,
                   $$VALUES ('t10_due1', now()), ('t10_due2', now()), ('t10_expired', now() - interval '5 minutes'),
@@ -170,14 +172,14 @@ SELECT is((SELECT count(*) FROM billguard.claim_due_records(100, interval '30 se
           'claiming again at once: nothing is due (leases)');
 
 -- Re-claim after the lease expired: attempts 2, first_dispatched_at kept.
-UPDATE billguard.billing_records SET next_attempt_at = now() - interval '1 second',
+UPDATE billguard.billing_records SET lease_expires_at = now() - interval '1 second',
        first_dispatched_at = now() - interval '1 hour' WHERE customer_id = 't10_due1';
 SELECT results_eq($$SELECT customer_id, attempt, action FROM billguard.claim_due_records(100, interval '30 seconds', interval '1 day', '/v1/payment_intents')$$,
                   $$VALUES ('t10_due1', 2, 'charge')$$, 're-claim after the lease: attempt 2, still a charge inside the window');
 SELECT is((pg_temp.t10_r('due1')).first_dispatched_at, now() - interval '1 hour', 're-claim keeps first_dispatched_at');
 SELECT is((SELECT (event ->> 'attempt')::int FROM billguard.journal WHERE persistence_id = 'billing-t10_due1-2031-10' AND seq_nr = 3),
           2, 're-claim writes ChargeAttempted attempt 2 at seq_nr 3');
-UPDATE billguard.billing_records SET next_attempt_at = now() - interval '1 second' WHERE customer_id = 't10_due1';
+UPDATE billguard.billing_records SET lease_expires_at = now() - interval '1 second' WHERE customer_id = 't10_due1';
 SELECT results_eq($$SELECT customer_id, attempt, action FROM billguard.claim_due_records(100, interval '30 seconds', interval '30 minutes', '/v1/payment_intents')$$,
                   $$VALUES ('t10_due1', 3, 'search')$$,
                   'first dispatched 1 hour ago, window 30 minutes: search first');
@@ -254,9 +256,10 @@ CREATE FUNCTION pg_temp.t10_answer(c text, attempt int, outcome text, http_statu
 -- completed
 SELECT is(pg_temp.t10_answer('r200', (SELECT 2 FROM pg_temp.t10_dispatching('r200', 2)), 'completed', 200, 'pi_t10r200'),
           'recorded', 'completed: recorded');
-SELECT results_eq($$SELECT status, charge_id, completed_at, lease_expires_at, last_error, attempts FROM pg_temp.t10_r('r200')$$,
-                  $$VALUES ('completed', 'pi_t10r200', now(), NULL::timestamptz, NULL::text, 2)$$,
-                  'completed: the record is completed with the id, now, no lease, no error');
+SELECT results_eq($$SELECT status, charge_id, completed_at, lease_expires_at, last_error, attempts, next_attempt_at
+                      FROM pg_temp.t10_r('r200')$$,
+                  $$VALUES ('completed', 'pi_t10r200', now(), NULL::timestamptz, NULL::text, 2, NULL::timestamptz)$$,
+                  'completed: the record is completed with the id, now, no lease, no error, out of the queue');
 SELECT is(pg_temp.t10_last_type('r200'), 'BillingCompleted', 'completed: BillingCompleted');
 SELECT is(pg_temp.t10_last('r200'),
           '{"charge_id": "pi_t10r200", "replayed": true, "http_status": 200, "attempt": 2, "request_id": "req_t10r200"}'::jsonb,
@@ -266,9 +269,10 @@ SELECT is(pg_temp.t10_last('r200'),
 SELECT is(pg_temp.t10_answer('r402', (SELECT 1 FROM pg_temp.t10_dispatching('r402', 1)), 'failed', 402, NULL,
             'card_error', 'card_declined', 'Your card was declined.'),
           'recorded', 'failed: recorded');
-SELECT results_eq($$SELECT status, charge_id, last_error, lease_expires_at FROM pg_temp.t10_r('r402')$$,
-                  $$VALUES ('failed', NULL::text, '402 card_error/card_declined: Your card was declined.', NULL::timestamptz)$$,
-                  'failed: last_error "402 card_error/card_declined: ..."');
+SELECT results_eq($$SELECT status, charge_id, last_error, lease_expires_at, next_attempt_at FROM pg_temp.t10_r('r402')$$,
+                  $$VALUES ('failed', NULL::text, '402 card_error/card_declined: Your card was declined.', NULL::timestamptz,
+                            NULL::timestamptz)$$,
+                  'failed: last_error "402 card_error/card_declined: ...", out of the queue');
 SELECT is(pg_temp.t10_last('r402'),
           '{"http_status": 402, "type": "card_error", "code": "card_declined", "decline_code": "generic_decline",
             "message": "Your card was declined.", "request_id": "req_t10r402", "attempt": 1, "terminal": true}'::jsonb,
@@ -278,10 +282,11 @@ SELECT is(pg_temp.t10_last('r402'),
 SELECT is(pg_temp.t10_answer('r400', (SELECT 1 FROM pg_temp.t10_dispatching('r400', 1)), 'needs_review', 400, NULL,
             'idempotency_error', NULL, 'Keys for idempotent requests can only be used with the same parameters.'),
           'recorded', 'needs_review: recorded');
-SELECT results_eq($$SELECT status, lease_expires_at, last_error FROM pg_temp.t10_r('r400')$$,
+SELECT results_eq($$SELECT status, lease_expires_at, last_error, next_attempt_at FROM pg_temp.t10_r('r400')$$,
                   $$VALUES ('needs_review', NULL::timestamptz,
-                            '400 idempotency_error: Keys for idempotent requests can only be used with the same parameters.')$$,
-                  'needs_review: no lease, last_error');
+                            '400 idempotency_error: Keys for idempotent requests can only be used with the same parameters.',
+                            NULL::timestamptz)$$,
+                  'needs_review: no lease, last_error, out of the queue');
 SELECT is(pg_temp.t10_last_type('r400') || ' ' || (pg_temp.t10_last('r400') ->> 'request_id'), 'NeedsReview req_t10r400',
           'needs_review: NeedsReview with the Request-Id');
 SELECT is(pg_temp.t10_answer('r200noid', (SELECT 1 FROM pg_temp.t10_dispatching('r200noid', 1)), 'needs_review', 200, NULL,
@@ -362,6 +367,27 @@ SELECT is(pg_temp.t10_nevents('stale'), 1::bigint, 'stale answers: no event');
 SELECT results_eq($$SELECT status, charge_id FROM pg_temp.t10_r('r200')$$, $$VALUES ('completed', 'pi_t10r200')$$,
                   'stale answer to a completed record: still completed with its id');
 
+-- record_answers: the dispatcher's batch, one statement for all the answers
+-- that arrived together (the functions above are its one-answer case).
+SELECT results_eq($$SELECT recorded FROM billguard.record_answers(jsonb_build_array(
+                      jsonb_build_object('key', pg_temp.t10_dispatching('r200b', 1), 'attempt', 1, 'search', false,
+                                         'outcome', 'completed', 'http_status', 200, 'charge_id', 'pi_t10r200b',
+                                         'replayed', false, 'request_id', 'req_t10r200b'),
+                      jsonb_build_object('key', pg_temp.t10_key('stale'), 'attempt', 2, 'search', false,
+                                         'outcome', 'completed', 'http_status', 200, 'charge_id', 'pi_t10stale'),
+                      jsonb_build_object('key', '0123456789abcdef0123456789abcdef', 'attempt', 1, 'search', true,
+                                         'outcome', 'absent', 'http_status', 200)), '2 minutes')$$,
+                  $$VALUES ('recorded'), ('stale'), ('stale')$$,
+                  'record_answers: one result per answer, in order: recorded, stale, no such record');
+SELECT results_eq($$SELECT r.status, r.charge_id, r.next_attempt_at, j.event_type, j.event ->> 'request_id'
+                      FROM pg_temp.t10_r('r200b') r
+                      JOIN billguard.journal j ON j.persistence_id = 'billing-t10_r200b-2031-10' AND j.seq_nr = 2$$,
+                  $$VALUES ('completed', 'pi_t10r200b', NULL::timestamptz, 'BillingCompleted', 'req_t10r200b')$$,
+                  'record_answers: the recorded answer of the batch is recorded as alone');
+SELECT throws_ok($$SELECT * FROM billguard.record_answers('[{"key": "k", "attempt": 1, "search": true, "outcome": "failed"}]', '2 minutes')$$,
+                 '22023', 'no such outcome of an answer (search/outcome): true/failed',
+                 'record_answers refuses an outcome that does not exist (a search cannot fail): 22023');
+
 ------------------------------------------------------------------------------
 -- record_search_result(key, attempt, outcome, http_status, charge_id, request_id, message, unsent_delay)
 CREATE FUNCTION pg_temp.t10_search(c text, attempt int, outcome text, http_status int, charge_id text DEFAULT NULL,
@@ -370,9 +396,9 @@ CREATE FUNCTION pg_temp.t10_search(c text, attempt int, outcome text, http_statu
                                         message) $$;
 SELECT is(pg_temp.t10_search('sfound', (SELECT 2 FROM pg_temp.t10_dispatching('sfound', 2)), 'completed', 200, 'pi_t10found'),
           'recorded', 'search found: recorded');
-SELECT results_eq($$SELECT status, charge_id, completed_at, lease_expires_at FROM pg_temp.t10_r('sfound')$$,
-                  $$VALUES ('completed', 'pi_t10found', now(), NULL::timestamptz)$$,
-                  'search found: completed with the id found');
+SELECT results_eq($$SELECT status, charge_id, completed_at, lease_expires_at, next_attempt_at FROM pg_temp.t10_r('sfound')$$,
+                  $$VALUES ('completed', 'pi_t10found', now(), NULL::timestamptz, NULL::timestamptz)$$,
+                  'search found: completed with the id found, out of the queue');
 SELECT is(pg_temp.t10_last_type('sfound'), 'ChargeReconciled', 'search found: ChargeReconciled');
 SELECT is(pg_temp.t10_last('sfound'),
           '{"charge_id": "pi_t10found", "via": "search", "attempt": 2, "request_id": "req_t10sfound"}'::jsonb,

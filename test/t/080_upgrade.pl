@@ -4,7 +4,9 @@
 #   - its schema is then exactly the schema of a fresh install (pg_dump
 #     --schema-only --binary-upgrade, which dumps the extension's objects,
 #     compared with OIDs masked; configuration tables compared as a set);
-#   - every row it held is still there, unchanged;
+#   - every row it held is still there, unchanged, except that its settled
+#     records (completed, failed, needs_review) have left the dispatch
+#     queue: their next_attempt_at is NULL;
 #   - the dispatcher (already the new library) waits while the database is
 #     at 0.1.0 (and is kept from sending while rows are compared), then
 #     bills on the updated schema: the pending records of
@@ -68,10 +70,14 @@ for my $table (qw(accounts currencies billing_records journal snapshots)) {
 		 WHERE attrelid = 'billguard.$table'::regclass AND attnum > 0 AND NOT attisdropped});
 }
 sub table_rows {
-	my ($table) = @_;
-	return q1($node, "SELECT string_agg(t::text, E'\\n' ORDER BY t::text) FROM (SELECT $columns{$table} FROM billguard.$table) t");
+	my ($table, $select) = @_;
+	$select //= $columns{$table};
+	return q1($node, "SELECT string_agg(t::text, E'\\n' ORDER BY t::text) FROM (SELECT $select FROM billguard.$table) t");
 }
 my %before = map { ($_ => table_rows($_)) } keys %columns;
+# What the update makes of billing_records: a settled record leaves the
+# dispatch queue, every other value is kept.
+$before{billing_records} = table_rows('billing_records', $columns{billing_records} =~ s/\bnext_attempt_at\b/CASE WHEN status IN ('pending', 'dispatching', 'unknown') THEN next_attempt_at END AS next_attempt_at/r);
 
 # ---- the update ---------------------------------------------------------------------
 
