@@ -4,6 +4,7 @@
 #include "http_client.hpp"
 
 #include <curl/curl.h>
+#include <poll.h>
 
 #include <algorithm>
 #include <cctype>
@@ -16,6 +17,15 @@ namespace {
 constexpr std::size_t kMaxResponseBytes = 1 << 20;
 
 }  // namespace
+
+// The sockets libcurl asks to be watched (CURL_POLL_IN, _OUT or _INOUT), as
+// its socket callback reports them. Its timers are read with
+// curl_multi_timeout.
+struct HttpClient::Events {
+  std::unordered_map<curl_socket_t, int> sockets;
+  std::vector<pollfd> ready;  // reused by every Drive
+  int running = 0;            // transfers libcurl has not finished
+};
 
 struct HttpClient::Transfer {
   CURL* easy = nullptr;
@@ -87,8 +97,20 @@ void ShutdownHttp() {
   curl_global_cleanup();
 }
 
-HttpClient::HttpClient(long timeout_ms) : multi_(curl_multi_init()), timeout_ms_(timeout_ms) {
+HttpClient::HttpClient(long timeout_ms)
+    : multi_(curl_multi_init()), timeout_ms_(timeout_ms), events_(std::make_unique<Events>()) {
   if (multi_ == nullptr) throw std::runtime_error("curl_multi_init failed");
+  curl_socket_callback on_socket = [](CURL*, curl_socket_t socket, int what, void* user, void*) {
+    auto* events = static_cast<Events*>(user);
+    if (what == CURL_POLL_REMOVE) {
+      events->sockets.erase(socket);
+    } else {
+      events->sockets[socket] = what;
+    }
+    return 0;
+  };
+  curl_multi_setopt(static_cast<CURLM*>(multi_), CURLMOPT_SOCKETFUNCTION, on_socket);
+  curl_multi_setopt(static_cast<CURLM*>(multi_), CURLMOPT_SOCKETDATA, events_.get());
 }
 
 HttpClient::~HttpClient() {
@@ -136,18 +158,59 @@ void HttpClient::Submit(HttpRequest request) {
 }
 
 void HttpClient::Start() {
-  int running = 0;
-  curl_multi_perform(static_cast<CURLM*>(multi_), &running);
+  RunDueTimer();
+}
+
+// Runs what libcurl's timers say is due: new transfers (added with a timer
+// that is due at once), timeouts, retries of a connect.
+void HttpClient::RunDueTimer() {
+  CURLM* multi = static_cast<CURLM*>(multi_);
+  long due_in_ms = -1;
+  // Starting transfers may make more due at once; a few rounds at most.
+  for (int round = 0; round < 4; ++round) {
+    if (curl_multi_timeout(multi, &due_in_ms) != CURLM_OK || due_in_ms != 0) return;
+    curl_multi_socket_action(multi, CURL_SOCKET_TIMEOUT, 0, &events_->running);
+  }
+}
+
+// Waits at most timeout_ms (less when a timer is due sooner) for any
+// watched socket, and hands libcurl the sockets that are ready.
+void HttpClient::Drive(int timeout_ms) {
+  CURLM* multi = static_cast<CURLM*>(multi_);
+  RunDueTimer();
+  long due_in_ms = -1;
+  curl_multi_timeout(multi, &due_in_ms);
+  // Nothing to wait for when a transfer already finished (at a loopback
+  // server the answer can come within the call that sent the request).
+  const bool finished = events_->running < static_cast<int>(transfers_.size());
+  int wait_ms = transfers_.empty() || finished ? 0 : timeout_ms;
+  if (due_in_ms >= 0 && due_in_ms < wait_ms) wait_ms = static_cast<int>(due_in_ms);
+
+  std::vector<pollfd>& fds = events_->ready;
+  fds.clear();
+  for (const auto& [socket, what] : events_->sockets) {
+    short wanted = 0;
+    if (what & CURL_POLL_IN) wanted |= POLLIN;
+    if (what & CURL_POLL_OUT) wanted |= POLLOUT;
+    fds.push_back(pollfd{socket, wanted, 0});
+  }
+  // A signal (EINTR) ends the wait early; the caller polls again.
+  if (poll(fds.data(), fds.size(), wait_ms) > 0) {
+    for (const pollfd& fd : fds) {
+      if (fd.revents == 0) continue;
+      int action = 0;
+      if (fd.revents & (POLLIN | POLLHUP)) action |= CURL_CSELECT_IN;
+      if (fd.revents & POLLOUT) action |= CURL_CSELECT_OUT;
+      if (fd.revents & (POLLERR | POLLNVAL)) action |= CURL_CSELECT_ERR;
+      curl_multi_socket_action(multi, fd.fd, action, &events_->running);
+    }
+  }
+  RunDueTimer();
 }
 
 std::vector<HttpResponse> HttpClient::Poll(int timeout_ms) {
   CURLM* multi = static_cast<CURLM*>(multi_);
-  int running = 0;
-  curl_multi_perform(multi, &running);
-  if (timeout_ms > 0 && running > 0) {
-    curl_multi_poll(multi, nullptr, 0, timeout_ms, nullptr);
-    curl_multi_perform(multi, &running);
-  }
+  Drive(timeout_ms);
   std::vector<HttpResponse> finished;
   int queued = 0;
   while (CURLMsg* message = curl_multi_info_read(multi, &queued)) {

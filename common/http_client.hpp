@@ -38,6 +38,10 @@ struct HttpResponse {
 void InitializeHttp();
 void ShutdownHttp();
 
+// Driven through libcurl's socket interface: each call touches only the
+// connections that have something to do and the transfers whose timers are
+// due, not every transfer in flight, so its cost does not grow with
+// max_inflight.
 class HttpClient {
  public:
   explicit HttpClient(long timeout_ms);
@@ -58,8 +62,12 @@ class HttpClient {
 
  private:
   struct Transfer;
+  struct Events;  // the sockets and the timer libcurl asks us to watch
+  void Drive(int timeout_ms);
+  void RunDueTimer();
   void* multi_;  // CURLM*
   long timeout_ms_;
+  std::unique_ptr<Events> events_;
   std::unordered_map<void*, std::unique_ptr<Transfer>> transfers_;  // by CURL*
 };
 
