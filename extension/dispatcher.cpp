@@ -7,6 +7,7 @@
 #include <deque>
 #include <string>
 #include <unordered_map>
+#include <utility>
 
 #include "api_key.hpp"
 #include "http_client.hpp"
@@ -71,17 +72,19 @@ class Dispatcher {
       Log("started");
       while (!ShutdownRequestPending) {
         if (ConfigReloadPending) Reload();
-        std::vector<Finished> finished =
-            TakeFinished(http_.Poll(in_flight_.empty() ? 0 : PollMilliseconds()));
+        TakeFinished(http_.Poll(in_flight_.empty() ? 0 : PollMilliseconds()));
         // Freed slots are refilled (from the records claimed ahead, then
         // from a claim) before anything is recorded, so that no slot idles
         // while a transaction runs.
         SendReady();
         const auto now = Clock::now();
-        if (!paused_ && now >= unreachable_until_ && (maybe_due_ || now >= next_poll_))
-          ClaimIntoReadyQueue(now);
+        if (!paused_ && now >= unreachable_until_ && (maybe_due_ || now >= next_poll_) &&
+            ClaimIntoReadyQueue(now)) {
+          // The answers that came in during the claim free slots too.
+          TakeFinished(http_.Poll(0));
+        }
         SendReady();
-        RecordFinished(std::move(finished));
+        if (RecordingDue(Clock::now())) RecordFinished(std::exchange(unrecorded_, {}));
         PublishStatus(paused_, pause_reason_, static_cast<int>(in_flight_.size()), sent_);
         Wait();
       }
@@ -90,8 +93,10 @@ class Dispatcher {
       if (!ShutdownRequestPending) throw;
     }
     QueryCancelPending = false;  // nothing is left to cancel, and the line below must not be
-    Log("stopping with " + std::to_string(in_flight_.size()) +
-        " requests in flight; they are re-sent with the same key at the next start");
+    const std::size_t unrecorded = unrecorded_.size() + deferred_.size();
+    Log("stopping with " + std::to_string(in_flight_.size()) + " requests in flight" +
+        (unrecorded > 0 ? " and " + std::to_string(unrecorded) + " answers not yet recorded" : "") +
+        "; they are re-sent with the same key at the next start");
     http_.AbortAll();
   }
 
@@ -108,7 +113,15 @@ class Dispatcher {
     InFlight done;
     HttpResponse response;
     Clock::time_point retry_at{};  // when deferred: the next try
+    Clock::time_point taken_at{};
   };
+
+  // Answers are recorded a batch at a time, a quarter of max_inflight or
+  // what came in over kRecordEvery, whichever is first, so that each
+  // transaction's fixed cost is shared; at once when nothing else is in
+  // flight. Until then they wait in memory: one lost in a crash is re-sent
+  // with its key, and Stripe replays it.
+  static constexpr Clock::duration kRecordEvery = std::chrono::milliseconds(10);
 
   // Any reload resumes a pause when the key file holds a key: a key Stripe
   // still refuses pauses again at its first 401.
@@ -170,19 +183,23 @@ class Dispatcher {
   // max_inflight beyond them, claimed once a quarter has gone, so a slot that
   // frees never waits for a claim and claims come a quarter of max_inflight
   // at a time; and no more than a fifth of a second's worth at the
-  // configured rate, so a lease is never held long before its request leaves.
-  void ClaimIntoReadyQueue(Clock::time_point now) {
+  // configured rate, so a lease is never held long before its request
+  // leaves. True when it ran a claim.
+  bool ClaimIntoReadyQueue(Clock::time_point now) {
     const int claimed_unsent = static_cast<int>(ready_.size());
     const int ahead = std::max(1, settings::max_inflight / 2);
     const int per_fifth = std::max(1, static_cast<int>(pacer_.Rate(now) / 5));
     const int wanted = std::min(
         settings::max_inflight + ahead - static_cast<int>(in_flight_.size()) - claimed_unsent,
         per_fifth - claimed_unsent);
-    if (wanted <= 0 || (wanted < std::min(ahead / 2, per_fifth) && claimed_unsent > 0)) return;
+    if (wanted <= 0 || (wanted < std::min(ahead / 2, per_fifth) && claimed_unsent > 0)) {
+      return false;
+    }
     std::vector<ClaimedRecord> claimed = ClaimDueRecords(wanted);
     maybe_due_ = static_cast<int>(claimed.size()) == wanted;
     if (!maybe_due_) next_poll_ = now + std::chrono::milliseconds(settings::poll_interval_ms);
     for (auto& c : claimed) ready_.push_back(std::move(c));
+    return true;
   }
 
   void SendReady() {
@@ -214,27 +231,32 @@ class Dispatcher {
     ++sent_;
   }
 
-  // The requests whose transfers finished, out of in_flight_, with the
-  // deferred answers now due.
-  std::vector<Finished> TakeFinished(std::vector<HttpResponse> responses) {
-    std::vector<Finished> batch;
-    batch.reserve(responses.size());
+  // Moves the requests whose transfers finished out of in_flight_, and the
+  // deferred answers now due, to the answers waiting to be recorded.
+  void TakeFinished(std::vector<HttpResponse> responses) {
+    const auto now = Clock::now();
     for (HttpResponse& response : responses) {
       auto found = in_flight_.find(response.tag);
       if (found == in_flight_.end()) continue;
-      batch.push_back({std::move(found->second), std::move(response)});
+      unrecorded_.push_back({std::move(found->second), std::move(response), {}, now});
       in_flight_.erase(found);
     }
-    const auto now = Clock::now();
     for (auto it = deferred_.begin(); it != deferred_.end();) {
       if (it->retry_at > now) {
         ++it;
         continue;
       }
-      batch.push_back(std::move(*it));
+      it->taken_at = now;
+      unrecorded_.push_back(std::move(*it));
       it = deferred_.erase(it);
     }
-    return batch;
+  }
+
+  bool RecordingDue(Clock::time_point now) const {
+    if (unrecorded_.empty()) return false;
+    const std::size_t batch = static_cast<std::size_t>(std::max(1, settings::max_inflight / 4));
+    return unrecorded_.size() >= batch || in_flight_.empty() || paused_ ||
+           now - unrecorded_.front().taken_at >= kRecordEvery;
   }
 
   // Records a batch of answers in one transaction: one commit per batch,
@@ -376,7 +398,8 @@ class Dispatcher {
   Clock::time_point next_poll_{};
   std::deque<ClaimedRecord> ready_;  // claimed, waiting for their paced start
   std::unordered_map<std::uint64_t, InFlight> in_flight_;
-  std::vector<Finished> deferred_;  // answers whose row was locked
+  std::vector<Finished> unrecorded_;  // answers waiting for RecordingDue
+  std::vector<Finished> deferred_;    // answers whose row was locked
   std::uint64_t next_tag_ = 1;
   int64 sent_ = 0;
   Clock::time_point unreachable_until_{};  // see HoldOffUnreachable
