@@ -5,7 +5,8 @@
 #  - max_requests_per_second = 100 against an emulator limiting at 100/s:
 #    achieved rate as a fraction of 100, and the 429s it caused;
 #  - CPU of all of PostgreSQL (the worker included) and WAL per charge at
-#    zero latency, against the targets;
+#    zero latency, against the targets, and the WAL by record type
+#    (pg_waldump --stats=record over the same window);
 #  - the worker's RSS while a 100,000-record backlog drains;
 #  - wake-up: from the COMMIT of bill_customer to the claim of its record.
 set -euo pipefail
@@ -119,6 +120,13 @@ awk -v w=$((w1 - w0)) -v c=$((c1 - c0)) -v hz="$hz" -v wal="$wal" -v r="$rate" '
          c / hz * 1e6 / 5000, c / hz * 1e6 / 5000 / 150
   printf "  WAL %.0f bytes per charge: %.2f of the 1,536 B target (target <= 1)\n", wal / 5000, wal / 5000 / 1536
   printf "  (the worker alone %.0f us per charge, HTTP included; %.0f charges/s)\n", w / hz * 1e6 / 5000, r }'
+# Where that WAL goes: pg_waldump's statistics over the same window.
+pg_waldump -p "$dir/pg/data/pg_wal" -s "$l0" -e "$l1" --stats=record 2>/dev/null |
+  awk '/^[A-Za-z0-9]+\/[A-Z0-9_+]+ / { gsub(/\( *[0-9.]+\)/, ""); bytes[$1] += $5; fpi += $4 }
+       END { for (t in bytes) if (bytes[t] >= 10 * 5000) printf "%d %s\n", bytes[t], t
+             printf "%d full-page-images\n", fpi }' |
+  sort -rn | awk '{ line = line sprintf("%s%s %.0f", NR > 1 ? ", " : "", $2, $1 / 5000) }
+                  END { if (NR) print "  (WAL by record type, bytes per charge: " line ")" }' || true
 
 echo "worker memory while a 100,000-record backlog drains (zero latency):"
 sql -c "UPDATE billguard.accounts SET active = true" >/dev/null
