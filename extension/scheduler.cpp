@@ -90,10 +90,12 @@ class Scheduler {
     const std::string due = period + " (due " + row[4].value_or("") + ")";
     const std::string next = "; next bill at " + row[5].value_or("");
     if (outcome == "busy") {
-      Log(DEBUG1, "a session is billing " + due + " now; trying again shortly");
+      if (!busy_) Log(LOG, "a session is billing " + due + " now; trying again every second");
+      busy_ = true;
       next_tick_ = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), kBusyRetryMs);
       return;
     }
+    busy_ = false;
     if (outcome == "billed") {
       Log(LOG, "billed " + due + ": " + initiated + " records claimed, " + existing +
                    " existed already" + next);
@@ -115,6 +117,7 @@ class Scheduler {
   }
 
   bool started_ = false;
+  bool busy_ = false;  // the last tick found the period's lock taken
   SchedulerSettings settings_;
   TimestampTz next_tick_ = 0;  // the clock's instant of the next tick
 };

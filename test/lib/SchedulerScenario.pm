@@ -8,11 +8,12 @@ use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(sleep time);
+use IPC::Run;
 use Exporter 'import';
-use BillguardTest qw(charges_by_key);
+use BillguardTest qw(charges_by_key wait_until_settled);
 
 our @EXPORT = qw(set_scheduler scheduler_conf wait_for_tick ticks_issued records_of charged_once_each
-  billguard_processes);
+  billed_once billguard_processes hold_scheduler_lock release_scheduler_lock waits_for_scheduler_lock);
 
 # Appends billguard.<name> = '<value>' lines to postgresql.conf (a later line
 # wins) and reloads the node: set_scheduler($node, auto_bill => 'monthly',
@@ -81,6 +82,56 @@ sub charged_once_each {
 		  unless $status eq 'completed' && @charges == 1 && $charges[0] eq $charge;
 	}
 	return (join("\n", @wrong), scalar @records);
+}
+
+# A session holding billing-scheduler's advisory lock, which bill_period
+# takes after its claims and before its commit: a tick or a bill_period
+# then waits there, claims made and not committed.
+sub hold_scheduler_lock {
+	my ($node) = @_;
+	my %holder;
+	$holder{handle} = IPC::Run::start(
+		[ 'psql', '-XAtq', '-d', $node->connstr('postgres'),
+		  '-c', "SET application_name = 'scheduler_lock_holder'",
+		  '-c', 'SELECT pg_advisory_lock(billguard.scheduler_lock_class(), 0), pg_sleep(600)' ],
+		'>', \$holder{out}, '2>', \$holder{err});
+	$node->poll_query_until('postgres', q{
+		SELECT count(*) = 1 FROM pg_locks WHERE locktype = 'advisory' AND granted
+		   AND classid = billguard.scheduler_lock_class() AND objid = 0 AND objsubid = 2})
+	  or die 'the holder did not take the scheduler lock';
+	return \%holder;
+}
+
+# Ends the holder's session, and with it the lock; $node undef when a crash
+# restart ended it already.
+sub release_scheduler_lock {
+	my ($node, $holder) = @_;
+	$node->safe_psql('postgres', q{SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE application_name = 'scheduler_lock_holder'}) if $node;
+	$holder->{handle}->finish;
+	return;
+}
+
+# Whether process $pid waits for billing-scheduler's lock.
+sub waits_for_scheduler_lock {
+	my ($node, $pid) = @_;
+	return $node->poll_query_until('postgres', qq{
+		SELECT count(*) = 1 FROM pg_locks WHERE pid = $pid AND locktype = 'advisory' AND NOT granted
+		   AND classid = billguard.scheduler_lock_class() AND objid = 0});
+}
+
+# Asserts that $period was billed once: one BillingTickIssued, one record
+# per account ($accounts), every record settled and completed with the one
+# succeeded charge the emulator holds for its key.
+sub billed_once {
+	my ($node, $emulator, $label, $period, $accounts) = @_;
+	is(ticks_issued($node, $period), '1', "$label: one BillingTickIssued for $period");
+	is(records_of($node, $period), $accounts, "$label: one record per account for $period");
+	ok(wait_until_settled($node, $period), "$label: every record of $period settles");
+	my ($wrong, $checked) = charged_once_each($node, $emulator, $period);
+	is($wrong, '', "$label: every record of $period is completed with the one charge the emulator holds for its key");
+	is($checked, $accounts, "$label: $accounts records checked");
+	return;
 }
 
 # The backend types of billguard's processes on $node, comma-separated.

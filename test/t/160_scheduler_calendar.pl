@@ -28,23 +28,12 @@ my $emulator = start_emulator();
 my $node = dispatch_node('scheduler_calendar', $emulator, "restart_after_crash = on");
 add_accounts($node, $accounts);
 
-# Billed once: the assertions every period shares.
-sub billed_once {
-	my ($label, $period) = @_;
-	is(ticks_issued($node, $period), '1', "$label: one BillingTickIssued for $period");
-	is(records_of($node, $period), $accounts, "$label: one record per account for $period");
-	ok(wait_until_settled($node, $period), "$label: every record of $period settles");
-	my ($wrong, $checked) = charged_once_each($node, $emulator, $period);
-	is($wrong, '', "$label: every record of $period is completed with the one charge the emulator holds for its key");
-	is($checked, $accounts, "$label: $accounts records checked");
-}
-
 # ---- start -------------------------------------------------------------------------
 
 my $offset = set_scheduler($node, auto_bill => 'monthly', scheduler_now => '2031-08-31 23:59:59+00');
 like(wait_for_tick($node, $offset), qr/billed 2031-07 \(due 2031-08-01 00:00 UTC\): $accounts records claimed, 0 existed already; next bill at 2031-09-01 00:00 UTC/,
 	'start: turned on, the scheduler bills the most recent due period, 2031-07');
-billed_once('start', '2031-07');
+billed_once($node, $emulator, 'start', '2031-07', $accounts);
 is(records_of($node, '2031-08'), '0', 'start: 2031-08 is not billed a second before its instant');
 
 # ---- crossing ----------------------------------------------------------------------
@@ -57,7 +46,7 @@ for my $later ('2031-09-01 00:00:01+00', '2031-09-01 00:30:00+00') {
 	like(wait_for_tick($node, $offset), qr/2031-08 \(due 2031-09-01 00:00 UTC\) was issued already/,
 		"crossing: at $later the tick finds 2031-08 issued");
 }
-billed_once('crossing', '2031-08');
+billed_once($node, $emulator, 'crossing', '2031-08', $accounts);
 
 # ---- restarts within the hour -------------------------------------------------------
 
@@ -94,7 +83,7 @@ $offset = -s $node->logfile;
 $node->start;
 like(wait_for_tick($node, $offset), qr/billed 2031-10 \(due 2031-11-01 00:00 UTC\): $accounts records claimed/,
 	'downtime: at start the most recent due period, 2031-10, is billed');
-billed_once('downtime', '2031-10');
+billed_once($node, $emulator, 'downtime', '2031-10', $accounts);
 is(records_of($node, '2031-09'), '0', 'downtime: 2031-09, missed while down, is not billed automatically');
 is(ticks_issued($node, '2031-09'), '0', 'downtime: nor issued');
 is(q1($node, q{SELECT string_agg(billing_period || '/' || due_at || '/' || records || '/' || scheduled, ',')
@@ -103,7 +92,7 @@ is(q1($node, q{SELECT string_agg(billing_period || '/' || due_at || '/' || recor
 is(q1($node, 'SELECT missed_periods FROM billguard.scheduler_status'), '1', 'downtime: scheduler_status counts one missed period');
 is(q1($node, "SELECT initiated FROM billguard.bill_period('2031-09')"), $accounts,
 	'downtime: bill_period bills 2031-09 deliberately');
-billed_once('deliberately', '2031-09');
+billed_once($node, $emulator, 'deliberately', '2031-09', $accounts);
 is(q1($node, 'SELECT count(*) FROM billguard.due_periods()'), '0', 'downtime: due_periods() is empty afterwards');
 
 # ---- settings changed mid-period ----------------------------------------------------
