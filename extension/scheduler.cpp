@@ -31,30 +31,31 @@ void Log(int level, const std::string& message) {
   CallPostgres([&] { ereport(level, (errmsg("billguard scheduler: %s", message.c_str()))); });
 }
 
+// The settings a tick was computed with; a reload that changes any of them
+// asks again at once.
 struct SchedulerSettings {
   int auto_bill = settings::kAutoBillOff;
   int bill_day = 0;
   int bill_hour_utc = 0;
   std::string now;  // billguard.scheduler_now, "" for the clock
 
-  bool operator==(const SchedulerSettings& other) const {
-    return auto_bill == other.auto_bill && bill_day == other.bill_day &&
-           bill_hour_utc == other.bill_hour_utc && now == other.now;
+  // Compared with the live settings on every pass, without a copy.
+  bool AreCurrent() const {
+    return auto_bill == settings::auto_bill && bill_day == settings::bill_day &&
+           bill_hour_utc == settings::bill_hour_utc && now == settings::scheduler_now;
+  }
+  static SchedulerSettings Current() {
+    return {settings::auto_bill, settings::bill_day, settings::bill_hour_utc,
+            settings::scheduler_now};
   }
 };
-
-SchedulerSettings CurrentSettings() {
-  return {settings::auto_bill, settings::bill_day, settings::bill_hour_utc,
-          settings::scheduler_now};
-}
 
 class Scheduler {
  public:
   void Tick() {
-    const SchedulerSettings current = CurrentSettings();
-    if (!started_ || !(current == settings_)) {
+    if (!started_ || !settings_.AreCurrent()) {
       const bool was_enabled = started_ && Enabled();
-      settings_ = current;
+      settings_ = SchedulerSettings::Current();
       started_ = true;
       next_tick_ = 0;
       Announce(was_enabled);
