@@ -1864,6 +1864,19 @@ BEGIN
                                         bill_day, bill_hour_utc);
 END $$;
 
+-- The schedule at the scheduler's now: its settings, the most recent period
+-- due, the instant it became due and the instant the next one does.
+CREATE FUNCTION billguard.current_schedule(OUT auto_bill text, OUT bill_day integer,
+                                           OUT bill_hour_utc integer, OUT due_period text,
+                                           OUT due_at timestamptz, OUT next_due_at timestamptz)
+  LANGUAGE sql STABLE
+  SET search_path = pg_catalog, pg_temp
+  BEGIN ATOMIC
+    SELECT s.auto_bill, s.bill_day, s.bill_hour_utc, c.due_period, c.due_at, c.next_due_at
+      FROM billguard.scheduler_settings() s,
+           LATERAL billguard.scheduler_calendar(s.now, s.bill_day, s.bill_hour_utc) c;
+  END;
+
 -- One tick of the scheduler, in the dispatcher's transaction: bills the most
 -- recent due period unless billing-scheduler has issued it. outcome:
 --   billed          bill_period claimed the accounts without a record
@@ -1883,27 +1896,24 @@ CREATE FUNCTION billguard.scheduler_tick()
   AS $$
 #variable_conflict use_column
 DECLARE
-  settings record;
-  calendar record;
+  schedule record;
   claimed  record;
 BEGIN
   -- A failover must not lose a tick whose claims it replicated.
   PERFORM set_config('synchronous_commit', 'on', true);
-  SELECT * INTO settings FROM billguard.scheduler_settings();
-  SELECT * INTO calendar
-    FROM billguard.scheduler_calendar(settings.now, settings.bill_day, settings.bill_hour_utc);
-  billing_period := calendar.due_period;
-  due_at := calendar.due_at;
-  next_due_at := calendar.next_due_at;
+  SELECT * INTO schedule FROM billguard.current_schedule();
+  billing_period := schedule.due_period;
+  due_at := schedule.due_at;
+  next_due_at := schedule.next_due_at;
   initiated := 0;
   existing := 0;
   -- bill_period takes the same lock: the check and the claim are one step.
-  IF NOT pg_try_advisory_xact_lock(billguard.period_lock_class(), hashtext(calendar.due_period)) THEN
+  IF NOT pg_try_advisory_xact_lock(billguard.period_lock_class(), hashtext(schedule.due_period)) THEN
     outcome := 'busy';
-  ELSIF (billguard.entity_state('billing-scheduler') -> 'issued_periods') ? calendar.due_period THEN
+  ELSIF (billguard.entity_state('billing-scheduler') -> 'issued_periods') ? schedule.due_period THEN
     outcome := 'already_issued';
   ELSE
-    SELECT * INTO claimed FROM billguard.claim_period(calendar.due_period);
+    SELECT * INTO claimed FROM billguard.claim_period(schedule.due_period);
     initiated := claimed.initiated;
     existing := claimed.already_completed + claimed.in_progress + claimed.failed + claimed.cancelled;
     outcome := CASE WHEN initiated = 0 AND existing > 0 THEN 'already_billed' ELSE 'billed' END;
@@ -1924,26 +1934,23 @@ CREATE FUNCTION billguard.due_periods()
   AS $$
 #variable_conflict use_column
 DECLARE
-  settings record;
-  calendar record;
+  schedule record;
   issued   jsonb;
   missed   text[];
 BEGIN
-  SELECT * INTO settings FROM billguard.scheduler_settings();
-  SELECT * INTO calendar
-    FROM billguard.scheduler_calendar(settings.now, settings.bill_day, settings.bill_hour_utc);
+  SELECT * INTO schedule FROM billguard.current_schedule();
   issued := coalesce(billguard.entity_state('billing-scheduler') -> 'issued_periods', '[]'::jsonb);
   SELECT coalesce(array_agg(to_char(m, 'YYYY-MM') ORDER BY m), '{}') INTO missed
     FROM generate_series(
-           to_date(least(calendar.due_period,
+           to_date(least(schedule.due_period,
                          (SELECT min(p) FROM jsonb_array_elements_text(issued) AS i(p))), 'YYYY-MM'),
-           to_date(calendar.due_period, 'YYYY-MM'), interval '1 month') AS m
+           to_date(schedule.due_period, 'YYYY-MM'), interval '1 month') AS m
    WHERE NOT issued ? to_char(m, 'YYYY-MM');
   RETURN QUERY
     SELECT p.period,
-           billguard.bill_instant(p.period, settings.bill_day, settings.bill_hour_utc),
+           billguard.bill_instant(p.period, schedule.bill_day, schedule.bill_hour_utc),
            coalesce(r.records, 0),
-           p.period = calendar.due_period AND settings.auto_bill = 'monthly'
+           p.period = schedule.due_period AND schedule.auto_bill = 'monthly'
       FROM unnest(missed) AS p(period)
       LEFT JOIN (SELECT br.billing_period, count(*) AS records
                    FROM billguard.billing_records br
@@ -1966,19 +1973,16 @@ CREATE FUNCTION billguard.scheduler_state(
   SET search_path = pg_catalog, pg_temp
   AS $$
 DECLARE
-  settings record;
-  calendar record;
+  schedule record;
   state    jsonb := billguard.entity_state('billing-scheduler');
 BEGIN
-  SELECT * INTO settings FROM billguard.scheduler_settings();
-  SELECT * INTO calendar
-    FROM billguard.scheduler_calendar(settings.now, settings.bill_day, settings.bill_hour_utc);
-  enabled := settings.auto_bill = 'monthly';
-  bill_day := settings.bill_day;
-  bill_hour_utc := settings.bill_hour_utc;
+  SELECT * INTO schedule FROM billguard.current_schedule();
+  enabled := schedule.auto_bill = 'monthly';
+  bill_day := schedule.bill_day;
+  bill_hour_utc := schedule.bill_hour_utc;
   next_bill_at := CASE WHEN NOT enabled THEN NULL
-                       WHEN (state -> 'issued_periods') ? calendar.due_period THEN calendar.next_due_at
-                       ELSE calendar.due_at END;
+                       WHEN (state -> 'issued_periods') ? schedule.due_period THEN schedule.next_due_at
+                       ELSE schedule.due_at END;
   last_period_issued := state ->> 'last_issued_period';
   last_period_issued_at := (state ->> 'last_issued_at')::timestamptz;
   SELECT count(*) INTO missed_periods FROM billguard.due_periods() d WHERE NOT d.scheduled;
@@ -1998,6 +2002,7 @@ REVOKE ALL ON FUNCTION
   billguard.scheduler_settings(),
   billguard.bill_instant(text, integer, integer),
   billguard.scheduler_calendar(timestamptz, integer, integer),
+  billguard.current_schedule(),
   billguard.scheduler_tick(),
   billguard.due_periods(),
   billguard.scheduler_state()
