@@ -114,15 +114,14 @@ is($emulator->stats->{created}, $created, 'settings: the emulator created nothin
 
 # ---- the clock ----------------------------------------------------------------------
 
+# With bill_day 1 at 00:00 the most recent due period is always last month.
+my $last_month = q{SELECT to_char(date_trunc('month', now() AT TIME ZONE 'UTC') - interval '1 month', 'YYYY-MM')};
+my $before = q1($node, $last_month);
 $offset = set_scheduler($node, scheduler_now => '');
-my $tick = wait_for_tick($node, $offset);
-my $expected = q1($node, q{
-	SELECT event ->> 'billing_period' = to_char(date_trunc('month', (event ->> 'issued_at')::timestamptz AT TIME ZONE 'UTC')
-	                                            - interval '1 month', 'YYYY-MM')
-	  FROM billguard.journal WHERE persistence_id = 'billing-scheduler' AND event_type = 'BillingTickIssued'
-	 ORDER BY seq_nr DESC LIMIT 1});
-like($tick, qr/billed \d{4}-\d\d \(due \d{4}-\d\d-01 00:00 UTC\)/, 'clock: without scheduler_now the scheduler bills a period');
-is($expected, 't', 'clock: the period billed is the previous calendar month of the clock when it was issued');
+my ($billed) = wait_for_tick($node, $offset) =~ /billed (\d{4}-\d\d) \(due \d{4}-\d\d-01 00:00 UTC\)/;
+my $after = q1($node, $last_month);
+ok(defined $billed && ($billed eq $before || $billed eq $after),
+	"clock: without scheduler_now the scheduler bills last month by the clock ($before)");
 
 $node->stop;
 $emulator->stop;
