@@ -18,6 +18,7 @@
 #include "dispatcher.hpp"
 #include "module.hpp"
 #include "pg_boundary.hpp"
+#include "scheduler.hpp"
 #include "shared_state.hpp"
 
 extern "C" {
@@ -71,6 +72,7 @@ class Dispatcher {
       Log("started");
       while (!ShutdownRequestPending) {
         if (ConfigReloadPending) Reload();
+        TickScheduler();
         std::vector<Finished> finished =
             TakeFinished(http_.Poll(in_flight_.empty() ? 0 : PollMilliseconds()));
         // Freed slots are refilled (from the records claimed ahead, then

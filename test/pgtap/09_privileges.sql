@@ -18,7 +18,7 @@
 -- test/t/106_readme_grants_in_step.pl fails when the two differ.
 -- Roles are created inside the transaction and vanish with the ROLLBACK.
 BEGIN;
-SELECT plan(69);
+SELECT plan(75);
 
 UPDATE billguard.accounts SET active = false WHERE customer_id NOT LIKE 't09\_%';
 INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency) VALUES
@@ -47,13 +47,16 @@ GRANT USAGE ON SCHEMA billguard TO billing_accounts;
 GRANT SELECT, INSERT, UPDATE ON billguard.accounts TO billing_accounts;
 GRANT EXECUTE ON FUNCTION billguard.is_valid_customer_id(text) TO billing_accounts;
 
--- Operators: the dispatcher's state (the view calls dispatcher_state(), which
--- PostgreSQL checks against the caller), requeueing, resolving and
+-- Operators: the dispatcher's and the scheduler's state (the views call
+-- dispatcher_state() and scheduler_state(), which PostgreSQL checks against
+-- the caller), the due periods never billed, requeueing, resolving and
 -- cancelling records.
 GRANT USAGE ON SCHEMA billguard TO billing_ops;
-GRANT SELECT ON billguard.dispatch_status TO billing_ops;
+GRANT SELECT ON billguard.dispatch_status, billguard.scheduler_status TO billing_ops;
 GRANT EXECUTE ON FUNCTION
   billguard.dispatcher_state(),
+  billguard.scheduler_state(),
+  billguard.due_periods(),
   billguard.retry_record(text, text),
   billguard.retry_period(text, text),
   billguard.resolve_record(text, text, text),
@@ -191,7 +194,11 @@ SELECT throws_ok(statement, '42501', message, 'billing_accounts: ' || refused) F
   ($$SELECT * FROM billguard.bill_period('2034-05')$$,
    'permission denied for function bill_period', 'bill_period refused'),
   ($$SELECT * FROM billguard.dispatch_status$$,
-   'permission denied for view dispatch_status', 'dispatch_status refused')
+   'permission denied for view dispatch_status', 'dispatch_status refused'),
+  ($$SELECT * FROM billguard.scheduler_status$$,
+   'permission denied for view scheduler_status', 'scheduler_status refused'),
+  ($$SELECT * FROM billguard.due_periods()$$,
+   'permission denied for function due_periods', 'due_periods refused')
 ) AS cases (statement, message, refused);
 RESET ROLE;
 
@@ -212,6 +219,10 @@ SELECT is((SELECT count(*) FROM billguard.dispatch_status), 1::bigint,
 SELECT results_eq($$SELECT worker_running, worker_pid FROM billguard.dispatch_status$$,
                   $$SELECT worker_running, worker_pid FROM t09_dispatcher_seen_by_superuser$$,
                   'billing_ops: it shows the dispatcher as a superuser sees it');
+SELECT results_eq($$SELECT enabled, last_period_issued FROM billguard.scheduler_status$$,
+                  $$VALUES (false, '2034-01'::text)$$,
+                  'billing_ops: scheduler_status can be read (off; billing_app issued 2034-01)');
+SELECT lives_ok($$SELECT * FROM billguard.due_periods()$$, 'billing_ops: due_periods works');
 SELECT is(billguard.retry_record('t09_carol', '2034-01'), 'pending', 'billing_ops: retry_record works');
 SELECT is(billguard.resolve_record('t09_dave', '2034-01', 'pi_t09dave'), 'completed',
           'billing_ops: resolve_record works');
@@ -227,7 +238,11 @@ SELECT throws_ok(statement, '42501', message, 'billing_ops: ' || refused) FROM (
   ($$SELECT * FROM billguard.bill_period('2034-05')$$,
    'permission denied for function bill_period', 'bill_period refused'),
   ($$SELECT * FROM billguard.claim_due_records(10, '1 minute', '23 hours', '/v1/payment_intents')$$,
-   'permission denied for function claim_due_records', 'claim_due_records refused')
+   'permission denied for function claim_due_records', 'claim_due_records refused'),
+  ($$SELECT * FROM billguard.scheduler_tick()$$,
+   'permission denied for function scheduler_tick', 'scheduler_tick refused'),
+  ($$SET billguard.scheduler_now = '2034-02-01 00:00:00+00'$$,
+   'permission denied to set parameter "billguard.scheduler_now"', 'SET billguard.scheduler_now refused')
 ) AS cases (statement, message, refused);
 RESET ROLE;
 
