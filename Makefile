@@ -28,6 +28,8 @@ OBJS = \
 	extension/dispatcher.o \
 	extension/dispatcher_main.o \
 	extension/dispatcher_status.o \
+	extension/terminal_wakeups.o \
+	extension/await_billing.o \
 	extension/random_text.o
 
 # Released scripts are frozen in sql/; the install script of the version

@@ -8,6 +8,7 @@
 #include "launcher.hpp"
 #include "module.hpp"
 #include "shared_state.hpp"
+#include "terminal_wakeups.hpp"
 
 extern "C" {
 #include "postgres.h"
@@ -167,6 +168,7 @@ extern "C" void _PG_init(void) {
     return;
   }
   billguard::InstallSharedState();
+  billguard::InstallTerminalWakeups();
   billguard::InstallCreateExtensionHook();
   billguard::RegisterLauncher();
 }

@@ -4,13 +4,13 @@
 -- Proves: a role without grants (app_without_grants) is refused (42501) for
 -- bill_period, bill_customer, period_status and reading billing_records;
 -- the application role (billing_app) can call bill_period, bill_customer,
--- period_status, entity_state, idempotency_key and key_namespace, whose
--- writes land in the tables, but cannot read or write billing_records,
--- journal, accounts or snapshots directly, cannot call the internal journal
--- functions, cannot read dispatch_status and cannot change the key
--- namespace; the accounts maintainer (billing_accounts) can read, add and
--- change accounts, but not delete them, bill, or read billing records or
--- the dispatcher's state; the operator (billing_ops) can read
+-- period_status, entity_state, await_billing, idempotency_key and
+-- key_namespace, whose writes land in the tables, but cannot read or write
+-- billing_records, journal, accounts or snapshots directly, cannot call the
+-- internal journal functions, cannot read dispatch_status and cannot change
+-- the key namespace; the accounts maintainer (billing_accounts) can read,
+-- add and change accounts, but not delete them, bill, or read billing
+-- records or the dispatcher's state; the operator (billing_ops) can read
 -- dispatch_status (seeing the dispatcher as a superuser does), requeue a
 -- failed record and resolve one that needs review, but cannot bill, read or
 -- change the tables, or see where the API key lives.
@@ -18,7 +18,7 @@
 -- test/t/106_readme_grants_in_step.pl fails when the two differ.
 -- Roles are created inside the transaction and vanish with the ROLLBACK.
 BEGIN;
-SELECT plan(69);
+SELECT plan(70);
 
 UPDATE billguard.accounts SET active = false WHERE customer_id NOT LIKE 't09\_%';
 INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency) VALUES
@@ -37,6 +37,7 @@ GRANT EXECUTE ON FUNCTION
   billguard.bill_customer(text, text, text),
   billguard.period_status(text),
   billguard.entity_state(text),
+  billguard.await_billing(text, text, interval),
   billguard.idempotency_key(text, text, text),
   billguard.key_namespace()
 TO billing_app;
@@ -114,6 +115,9 @@ SELECT results_eq($$SELECT status, count, amount_cents FROM billguard.period_sta
                   'billing_app: period_status works');
 SELECT is(billguard.entity_state('billing-t09_carol-2034-01') ->> 'status', 'in_progress',
           'billing_app: entity_state works');
+SELECT results_eq($$SELECT * FROM billguard.await_billing('t09_carol', '2034-01', '0')$$,
+                  $$VALUES ('in_progress'::text, NULL::text)$$,
+                  'billing_app: await_billing works');
 SELECT is(billguard.key_namespace(), 'akka-billing', 'billing_app: key_namespace works');
 SELECT is(billguard.idempotency_key('cust_123', '2026-08'), '0f3fe6c7ee131571ac54c216d9553542',
           'billing_app: idempotency_key works, with its default namespace');
