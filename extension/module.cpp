@@ -35,6 +35,7 @@ int idempotency_window_s = 23 * 3600;
 int max_attempts = 20;
 int poll_interval_ms = 1000;
 int search_settle_delay_s = 120;
+char* webhook_secret_file = nullptr;
 }  // namespace billguard::settings
 
 namespace {
@@ -133,6 +134,19 @@ void DefineDispatcherSettings() {
                           nullptr, nullptr, nullptr);
 }
 
+// ---- Stripe webhooks ----
+// Superuser-only, like the API key file: the path says where the secret
+// lives. The file is read at every delivery, so a rolled secret takes effect
+// as soon as the file holds it.
+void DefineWebhookSettings() {
+  DefineCustomStringVariable(
+      "billguard.webhook_secret_file",
+      "File holding the signing secret (whsec_...) of the Stripe webhook endpoint.",
+      "Read by ingest_stripe_event() at every delivery; the secret is never logged or shown.",
+      &billguard::settings::webhook_secret_file, "", PGC_SIGHUP, GUC_SUPERUSER_ONLY, nullptr,
+      nullptr, nullptr);
+}
+
 void DefineSettings() {
   // SUSET: a session that could change the namespace could mint a second key
   // for a billing that already has one.
@@ -156,6 +170,7 @@ extern "C" void _PG_init(void) {
   if (IsBinaryUpgrade) return;
   DefineSettings();
   DefineDispatcherSettings();
+  DefineWebhookSettings();
   MarkGUCPrefixReserved("billguard");
   if (!process_shared_preload_libraries_in_progress) {
     // Loaded by a session: no dispatcher runs, so its settings do nothing.

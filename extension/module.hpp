@@ -22,4 +22,9 @@ extern int max_attempts;
 extern int poll_interval_ms;
 extern int search_settle_delay_s;
 
+// ---- Stripe webhooks ----
+// billguard.webhook_secret_file: the webhook endpoint's signing secret
+// (whsec_...), read by ingest_stripe_event() at every delivery.
+extern char* webhook_secret_file;
+
 }  // namespace billguard::settings

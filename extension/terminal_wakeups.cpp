@@ -102,9 +102,10 @@ void RememberSlotOfNewRow(FunctionCallInfo fcinfo) {
                     errmsg("announce_terminal_status() must be called as a trigger")));
   }
   const TriggerData* trigger = reinterpret_cast<TriggerData*>(fcinfo->context);
-  if (!TRIGGER_FIRED_BY_UPDATE(trigger->tg_event) || !TRIGGER_FIRED_FOR_ROW(trigger->tg_event)) {
+  if (!TRIGGER_FIRED_BY_UPDATE(trigger->tg_event) || !TRIGGER_FIRED_FOR_ROW(trigger->tg_event) ||
+      !TRIGGER_FIRED_BEFORE(trigger->tg_event)) {
     ereport(ERROR, (errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-                    errmsg("announce_terminal_status() must fire for each updated row")));
+                    errmsg("announce_terminal_status() must fire before the update of each row")));
   }
   if (slots == nullptr) return;
   const TupleDesc columns = RelationGetDescr(trigger->tg_relation);
@@ -161,11 +162,11 @@ bool AwaitTerminalCommit(std::string_view customer_id, std::string_view billing_
 
 }  // namespace billguard
 
-// AFTER UPDATE OF status trigger billing_records_announce_terminal, fired
+// BEFORE UPDATE OF status trigger billing_records_terminal_wakeup, fired
 // (its WHEN clause says) only when a record moves to a terminal status.
 extern "C" Datum billguard_announce_terminal_status(PG_FUNCTION_ARGS) {
   return billguard::GuardedCall("announce_terminal_status", [&]() -> Datum {
     billguard::CallPostgres([&] { billguard::RememberSlotOfNewRow(fcinfo); });
-    return PointerGetDatum(nullptr);
+    return PointerGetDatum(reinterpret_cast<TriggerData*>(fcinfo->context)->tg_newtuple);
   });
 }

@@ -6,7 +6,7 @@
 // Shared memory holds kTerminalSlots slots, each a count of announcing
 // commits and a condition variable; a record belongs to the slot its
 // (customer_id, billing_period) hashes to. The trigger
-// billing_records_announce_terminal remembers the slots its transaction
+// billing_records_terminal_wakeup remembers the slots its transaction
 // touched; at COMMIT, when the new status is visible, each one is counted
 // and broadcast (never for a rollback). A waiter reads its slot's count
 // before it reads the record and sleeps only while the count has not moved,

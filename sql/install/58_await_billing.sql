@@ -11,13 +11,19 @@ CREATE FUNCTION billguard.is_terminal_status(status text) RETURNS boolean
 
 -- Remembers the record's wake-up slot; the transaction's COMMIT wakes the
 -- callers waiting on it. A C function, fired only on a move to a terminal
--- status, so the dispatcher's claims and retries never call it.
+-- status, so the dispatcher's claims and retries never call it. BEFORE, not
+-- AFTER: it shares the old row that billing_records_frozen_identity has
+-- fetched already, where an AFTER trigger would fetch it again for every
+-- update of the dispatcher's, and queue an event for each move it announces.
+-- Triggers fire in name order, so it comes after that check; what it arms
+-- happens only at COMMIT, and a row that is not written after all only
+-- makes waiters read again.
 CREATE FUNCTION billguard.announce_terminal_status() RETURNS trigger
   LANGUAGE c
   SET search_path = pg_catalog, pg_temp
   AS 'MODULE_PATHNAME', 'billguard_announce_terminal_status';
 
-CREATE TRIGGER billing_records_announce_terminal AFTER UPDATE OF status ON billguard.billing_records
+CREATE TRIGGER billing_records_terminal_wakeup BEFORE UPDATE OF status ON billguard.billing_records
   FOR EACH ROW
   WHEN (OLD.status IS DISTINCT FROM NEW.status AND billguard.is_terminal_status(NEW.status))
   EXECUTE FUNCTION billguard.announce_terminal_status();

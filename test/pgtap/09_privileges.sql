@@ -13,12 +13,13 @@
 -- records or the dispatcher's state; the operator (billing_ops) can read
 -- dispatch_status (seeing the dispatcher as a superuser does), requeue a
 -- failed record and resolve one that needs review, but cannot bill, read or
--- change the tables, or see where the API key lives.
+-- change the tables, or see where the API key lives; the webhook role
+-- (billing_webhooks) can call ingest_stripe_event and nothing else.
 -- The block between the README markers is the README's, verbatim;
 -- test/t/106_readme_grants_in_step.pl fails when the two differ.
 -- Roles are created inside the transaction and vanish with the ROLLBACK.
 BEGIN;
-SELECT plan(70);
+SELECT plan(78);
 
 UPDATE billguard.accounts SET active = false WHERE customer_id NOT LIKE 't09\_%';
 INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency) VALUES
@@ -29,6 +30,7 @@ CREATE ROLE app_without_grants NOLOGIN;
 CREATE ROLE billing_app NOLOGIN;
 CREATE ROLE billing_accounts NOLOGIN;
 CREATE ROLE billing_ops NOLOGIN;
+CREATE ROLE billing_webhooks NOLOGIN;
 -- README grants: begin
 -- The application: bills, and reads what it billed.
 GRANT USAGE ON SCHEMA billguard TO billing_app;
@@ -60,6 +62,11 @@ GRANT EXECUTE ON FUNCTION
   billguard.resolve_record(text, text, text),
   billguard.cancel_record(text, text)
 TO billing_ops;
+
+-- Stripe's webhooks, as billguard-proxy delivers them (POST /webhooks/stripe):
+-- verified events applied to the records, and nothing else.
+GRANT USAGE ON SCHEMA billguard TO billing_webhooks;
+GRANT EXECUTE ON FUNCTION billguard.ingest_stripe_event(text, text) TO billing_webhooks;
 -- README grants: end
 
 ------------------------------------------------------------------------------
@@ -233,6 +240,33 @@ SELECT throws_ok(statement, '42501', message, 'billing_ops: ' || refused) FROM (
   ($$SELECT * FROM billguard.claim_due_records(10, '1 minute', '23 hours', '/v1/payment_intents')$$,
    'permission denied for function claim_due_records', 'claim_due_records refused')
 ) AS cases (statement, message, refused);
+RESET ROLE;
+
+------------------------------------------------------------------------------
+-- The webhook role: ingest_stripe_event, which gets past the privileges to
+-- the signature check (this cluster has no webhook secret); nothing else.
+SET LOCAL ROLE billing_webhooks;
+SELECT is(current_user::text, 'billing_webhooks', 'running as billing_webhooks');
+SELECT throws_ok($$SELECT billguard.ingest_stripe_event('{}', 't=1,v1=00')$$, '55000',
+                 'Stripe webhooks cannot be verified: billguard.webhook_secret_file is not set',
+                 'billing_webhooks: ingest_stripe_event may be called (and needs the secret)');
+SELECT throws_ok(statement, '42501', message, 'billing_webhooks: ' || refused) FROM (VALUES
+  ($$SELECT * FROM billguard.stripe_events$$,
+   'permission denied for table stripe_events', 'SELECT from stripe_events refused'),
+  ($$SELECT * FROM billguard.billing_records$$,
+   'permission denied for table billing_records', 'SELECT from billing_records refused'),
+  ($$SELECT billguard.verify_stripe_signature('{}', 't=1,v1=00')$$,
+   'permission denied for function verify_stripe_signature', 'verify_stripe_signature refused'),
+  ($$SELECT * FROM billguard.bill_period('2034-05')$$,
+   'permission denied for function bill_period', 'bill_period refused'),
+  ($$SELECT * FROM billguard.dispatch_status$$,
+   'permission denied for view dispatch_status', 'dispatch_status refused')
+) AS cases (statement, message, refused);
+RESET ROLE;
+SET LOCAL ROLE billing_app;
+SELECT throws_ok($$SELECT billguard.ingest_stripe_event('{}', 't=1,v1=00')$$, '42501',
+                 'permission denied for function ingest_stripe_event',
+                 'billing_app: ingest_stripe_event refused (webhooks are not the application''s)');
 RESET ROLE;
 
 ------------------------------------------------------------------------------

@@ -86,14 +86,14 @@ SELECT is(billguard.terminal_commits('t28_completed', '2037-01'), (SELECT n FROM
           'a record made terminal by an open transaction announces nothing yet');
 
 -- The trigger and the statuses it announces.
-SELECT trigger_is('billguard', 'billing_records', 'billing_records_announce_terminal',
+SELECT trigger_is('billguard', 'billing_records', 'billing_records_terminal_wakeup',
                   'billguard', 'announce_terminal_status',
-                  'billing_records_announce_terminal calls announce_terminal_status()');
+                  'billing_records_terminal_wakeup calls announce_terminal_status()');
 SELECT matches((SELECT pg_get_triggerdef(t.oid) FROM pg_trigger t
                  WHERE t.tgrelid = 'billguard.billing_records'::regclass
-                   AND t.tgname = 'billing_records_announce_terminal'),
-               'AFTER UPDATE OF status .* FOR EACH ROW WHEN \(\(\(old.status IS DISTINCT FROM new.status\) AND billguard.is_terminal_status\(new.status\)\)\)',
-               'it fires after an update of status, per row, only on a move to a terminal status');
+                   AND t.tgname = 'billing_records_terminal_wakeup'),
+               'BEFORE UPDATE OF status .* FOR EACH ROW WHEN \(\(\(old.status IS DISTINCT FROM new.status\) AND billguard.is_terminal_status\(new.status\)\)\)',
+               'it fires on an update of status, per row, only on a move to a terminal status');
 SELECT is(array_agg(s ORDER BY s) FILTER (WHERE billguard.is_terminal_status(s)),
           ARRAY['blocked', 'cancelled', 'completed', 'failed', 'needs_review'],
           'terminal: completed, failed, blocked, needs_review, cancelled')
