@@ -20,10 +20,10 @@ use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use IPC::Run;
 use JSON::PP;
 use BillguardTest;
 use DispatchScenario;
+use StripeWebhook;
 
 my $secret = 'whsec_181ingestSecretAbcdefghij0123';
 my $old_secret = 'whsec_181previousSecret9876543210';
@@ -36,29 +36,7 @@ my $node = billguard_node('webhooks', sub {
 		'log_statement = all');
 });
 
-sub write_secret {
-	my ($content, $mode) = @_;
-	open my $fh, '>', $secret_file or die "cannot write $secret_file: $!";
-	print $fh "$content\n";
-	close $fh;
-	chmod($mode // 0600, $secret_file);
-}
-
-# HMAC-SHA256 hex of "$t.$payload" with $key, by openssl.
-sub hmac {
-	my ($key, $t, $payload) = @_;
-	my $out;
-	IPC::Run::run([ 'openssl', 'dgst', '-sha256', '-hmac', $key ], '<', \"$t.$payload", '>', \$out)
-	  or die 'openssl dgst failed';
-	my ($hex) = $out =~ /= ([0-9a-f]{64})$/m or die "openssl printed: $out";
-	return $hex;
-}
-
-# The Stripe-Signature header for $payload signed at $t with @keys.
-sub signature {
-	my ($payload, $t, @keys) = @_;
-	return join(',', "t=$t", map { 'v1=' . hmac($_, $t, $payload) } @keys);
-}
+sub write_secret { my ($content, $mode) = @_; write_webhook_secret($secret_file, $content, $mode) }
 
 # (exit code, result, stderr) of ingest_stripe_event($payload, $header).
 sub ingest {
@@ -72,7 +50,7 @@ sub ingest {
 sub deliver {
 	my ($payload, @keys) = @_;
 	my $t = time;
-	my ($rc, $out, $err) = ingest($payload, signature($payload, $t, @keys ? @keys : ($secret)));
+	my ($rc, $out, $err) = ingest($payload, webhook_signature($payload, $t, @keys ? @keys : ($secret)));
 	return $rc == 0 ? $out : $err;
 }
 
@@ -86,10 +64,7 @@ sub event {
 		amount => 1000 + substr($customer, -1), currency => 'usd',
 		metadata => { billguard_key => key_of($node, "cust_00000$customer", '2026-08') });
 	$defaults{payment_intent} = "pi_181$customer" if $kind eq 'charge';
-	my %event = (id => 'evt_181_' . ++$event_number, object => 'event', type => $type, created => time,
-		api_version => '2024-06-20', livemode => JSON::PP::false,
-		data => { object => { %defaults, %object } });
-	return JSON::PP->new->canonical->encode(\%event);
+	return stripe_event(id => 'evt_181_' . ++$event_number, type => $type, object => { %defaults, %object });
 }
 
 sub record { my ($customer) = @_; return record_of($node, "cust_00000$customer", '2026-08') }
@@ -195,12 +170,12 @@ is(record(9), 'completed|pi_1819|1', 'the record is completed with the refunded 
 $before = state_of_everything();
 is(deliver($refund), 'already_seen', 'the same delivery again: already_seen');
 my $t = time;
-is((ingest($refund, signature($refund, $t + 1, $secret)))[1], 'already_seen', 're-signed later, as Stripe retries: already_seen');
+is((ingest($refund, webhook_signature($refund, $t + 1, $secret)))[1], 'already_seen', 're-signed later, as Stripe retries: already_seen');
 is(state_of_everything(), $before, 'and nothing changed');
 
 # 20 sessions deliver one event at the same instant.
 my $raced = event('payment_intent.succeeded', 4);
-my $raced_header = signature($raced, time, $secret);
+my $raced_header = webhook_signature($raced, time, $secret);
 my $gate = start_gate($node);
 my @racers = map {
 	race_psql($node, "SELECT billguard.ingest_stripe_event(\$evt\$$raced\$evt\$, '$raced_header')")
@@ -239,40 +214,40 @@ sub refused {
 }
 my $fresh = event('payment_intent.succeeded', 6);
 my $stale_t = time - 600;
-refused($fresh, signature($fresh, $stale_t, $secret), 'the Stripe-Signature timestamp is', 'a timestamp ten minutes old: refused');
-like((ingest($fresh, signature($fresh, $stale_t, $secret)))[2],
+refused($fresh, webhook_signature($fresh, $stale_t, $secret), 'the Stripe-Signature timestamp is', 'a timestamp ten minutes old: refused');
+like((ingest($fresh, webhook_signature($fresh, $stale_t, $secret)))[2],
 	qr/ERROR:  the Stripe-Signature timestamp is \d+ s old, beyond the 300 s tolerance: a replayed or late delivery/,
 	'... saying it is a replayed or late delivery');
-like((ingest($fresh, signature($fresh, time + 600, $secret)))[2],
+like((ingest($fresh, webhook_signature($fresh, time + 600, $secret)))[2],
 	qr/ERROR:  the Stripe-Signature timestamp is \d+ s in the future, beyond the 300 s tolerance/,
 	'a timestamp ten minutes ahead: refused');
 my $signed_t = time;
-my $header = signature($fresh, $signed_t, $secret);
+my $header = webhook_signature($fresh, $signed_t, $secret);
 (my $tampered = $fresh) =~ s/"amount":1006/"amount":1/;
 isnt($tampered, $fresh, 'the tampered payload differs');
 refused($tampered, $header, 'no v1 signature of the Stripe-Signature header matches the payload', 'a tampered payload: refused');
 refused("$fresh ", $header, 'no v1 signature', 'one byte added: refused');
 refused($fresh, "t=$signed_t", 'the Stripe-Signature header is malformed: it has no v1 signature', 'no v1: refused');
-refused($fresh, 'v1=' . hmac($secret, $signed_t, $fresh), 'the Stripe-Signature header is malformed: it has no timestamp (t=)',
+refused($fresh, 'v1=' . webhook_hmac($secret, $signed_t, $fresh), 'the Stripe-Signature header is malformed: it has no timestamp (t=)',
 	'no timestamp: refused');
 refused($fresh, '', 'the Stripe-Signature header is malformed: it is empty', 'an empty header: refused');
 my ($rc, $out, $err) = $node->psql('postgres', q{SELECT billguard.ingest_stripe_event('{}', NULL)});
 like($err, qr/ERROR:  the Stripe-Signature header is missing/, 'no header at all: refused');
 my $not_json = '{"id": "evt_181_x", "type": ';
-refused($not_json, signature($not_json, time, $secret), 'the webhook payload is not JSON: invalid input syntax for type json',
+refused($not_json, webhook_signature($not_json, time, $secret), 'the webhook payload is not JSON: invalid input syntax for type json',
 	'signed, but not JSON: refused');
 my $not_event = '["evt_181_x"]';
-refused($not_event, signature($not_event, time, $secret),
+refused($not_event, webhook_signature($not_event, time, $secret),
 	'the webhook payload is not a Stripe event billguard can apply: it is not a JSON object', 'JSON but not an event: refused');
 my $no_amount = event('payment_intent.succeeded', 6, amount => '1006');
-refused($no_amount, signature($no_amount, time, $secret),
+refused($no_amount, webhook_signature($no_amount, time, $secret),
 	'the webhook payload is not a Stripe event billguard can apply: data.object.amount is not an amount in cents',
 	'an amount that is a string: refused');
 my $unknown_key = event('payment_intent.succeeded', 6, metadata => { billguard_key => 'f' x 32 });
-my $unknown_err = refused($unknown_key, signature($unknown_key, time, $secret),
+refused($unknown_key, webhook_signature($unknown_key, time, $secret),
 	'no billing record has the key ' . ('f' x 32) . ' that event evt_181_', 'an unknown key: refused');
 my ($rc2, $out2, $notice) = $node->psql('postgres', qq{
-	DO \$\$BEGIN PERFORM billguard.ingest_stripe_event(\$evt\$$unknown_key\$evt\$, '} . signature($unknown_key, time, $secret) . q{');
+	DO \$\$BEGIN PERFORM billguard.ingest_stripe_event(\$evt\$$unknown_key\$evt\$, '} . webhook_signature($unknown_key, time, $secret) . q{');
 	EXCEPTION WHEN no_data_found THEN RAISE NOTICE 'sqlstate P0002'; END$$});
 like($notice, qr/NOTICE:  sqlstate P0002/, 'an unknown key is P0002');
 ($rc2, $out2, $notice) = $node->psql('postgres', q{
@@ -283,8 +258,8 @@ is(state_of_everything(), $before, 'none of the refused deliveries changed anyth
 
 # ---- not billguard's ----------------------------------------------------------------------
 
-my $customer_event = JSON::PP->new->canonical->encode({ id => 'evt_181_customer', object => 'event',
-	type => 'customer.created', created => time, data => { object => { id => 'cus_181', object => 'customer' } } });
+my $customer_event = stripe_event(id => 'evt_181_customer', type => 'customer.created',
+	object => { id => 'cus_181', object => 'customer' });
 is(deliver($customer_event), 'ignored', 'customer.created: ignored');
 my $foreign = event('payment_intent.succeeded', 6, metadata => { order => '42' });
 is(deliver($foreign), 'ignored', 'a PaymentIntent without metadata.billguard_key (not ours): ignored');
@@ -302,7 +277,7 @@ is($node->safe_psql('postgres', q{SELECT count(*) FROM pg_settings WHERE name = 
 	extra_params => [ '-U', 't181_reader' ]), '0', 'nor find it in pg_settings');
 write_secret($secret, 0644);
 my $open = event('payment_intent.succeeded', 6);
-($rc, $out, $err) = ingest($open, signature($open, time, $secret));
+($rc, $out, $err) = ingest($open, webhook_signature($open, time, $secret));
 like($err, qr/ERROR:  Stripe webhooks cannot be verified: billguard.webhook_secret_file has group or world access \(mode 0644\): it must be readable by its owner only, chmod 600 it/,
 	'a secret file others may read: refused, saying why');
 unlike($err, qr/\Q$secret_file\E|\Q$secret\E/, 'without the file\'s path or the secret');
@@ -311,7 +286,7 @@ unlike($err, qr/\Q$secret_file\E|\Q$secret\E/, 'without the file\'s path or the 
 	EXCEPTION WHEN object_not_in_prerequisite_state THEN RAISE NOTICE 'sqlstate 55000'; END$$});
 like($notice, qr/NOTICE:  sqlstate 55000/, '(55000: the server, not the delivery, must be fixed; Stripe retries)');
 write_secret('sk_test_not_a_webhook_secret');
-($rc, $out, $err) = ingest($open, signature($open, time, $secret));
+($rc, $out, $err) = ingest($open, webhook_signature($open, time, $secret));
 like($err, qr/ERROR:  Stripe webhooks cannot be verified: billguard.webhook_secret_file does not hold a webhook signing secret \(whsec_...\)/,
 	'a file holding something else: refused');
 write_secret($secret);
