@@ -46,6 +46,7 @@ sub next_delivery {
 }
 
 sub deliveries { my (@statuses) = @_; return map { next_delivery($_) } @statuses }
+sub webhooks_pending { return $emulator->control(GET => '/_emulator/webhooks')->{json}{pending} }
 sub types { return join(' ', map { $_ ? $_->{event}{type} : 'none' } @_) }
 
 # The hex HMAC-SHA256 of "$t.$body" by openssl.
@@ -84,7 +85,7 @@ subtest 'a PaymentIntent that succeeds: created, succeeded, and its charge' => s
   my $replay = $emulator->post_form('/v1/payment_intents',
     intent_params('metadata[billguard_key]' => 'k-hooks-1'), idempotency_key => 'hooks-1');
   is($replay->{headers}{'idempotent-replayed'}, 'true', 'a replay creates nothing ...');
-  is($emulator->control(GET => '/_emulator/webhooks')->{json}{pending}, 0, '... and sends no event');
+  is(webhooks_pending(), 0, '... and sends no event');
 };
 
 subtest 'a decline: payment_failed and charge.failed' => sub {
@@ -117,14 +118,13 @@ subtest 'a 500 that created the object still announces it' => sub {
     'the charge it made is in the webhooks');
 };
 
-subtest 'hold, duplicate, resend' => sub {
+subtest 'hold, duplicate, resend, delay' => sub {
   my $set = $emulator->control(POST => '/_emulator/webhooks', { hold => JSON::PP::true, duplicate => 1 });
   is($set->{status}, 200, 'hold and duplicate set');
   ok(!exists $set->{json}{secret}, 'the secret is never shown');
   is($set->{json}{secret_set}, JSON::PP::true, '... only that there is one');
   $emulator->post_form('/v1/charges', [amount => 900, currency => 'usd', customer => 'cus_h', source => 'tok_visa']);
-  my $held = $emulator->control(GET => '/_emulator/webhooks')->{json};
-  is($held->{pending}, 2, 'held: the event waits, twice (duplicate 1)');
+  is(webhooks_pending(), 2, 'held: the event waits, twice (duplicate 1)');
   ok(!IO::Select->new($listener)->can_read(1), '... and nothing is sent while held');
   $emulator->control(POST => '/_emulator/webhooks', { hold => JSON::PP::false, duplicate => 0 });
   my @d = deliveries(200, 200);
@@ -135,6 +135,12 @@ subtest 'hold, duplicate, resend' => sub {
   is($again->{event}{id}, $d[0]{event}{id}, 'the event comes once more');
   is($again->{body}, $d[0]{body}, 'with the same body, signed anew');
   is($emulator->control(POST => '/_emulator/webhooks/resend', { event_id => 'evt_nope' })->{status}, 404, 'an unknown event: 404');
+  $emulator->control(POST => '/_emulator/webhooks', { delay_ms => 60000 });
+  $emulator->post_form('/v1/charges', [amount => 950, currency => 'usd', customer => 'cus_h', source => 'tok_visa']);
+  ok(!IO::Select->new($listener)->can_read(1), 'delay_ms 60000: the event is not sent within a second');
+  is(webhooks_pending(), 1, '... it waits its minute');
+  $emulator->reset;
+  $emulator->control(POST => '/_emulator/webhooks', { delay_ms => 0 });
 };
 
 subtest 'refunds' => sub {
