@@ -3,9 +3,6 @@
 // TAP. The expected signatures were computed by an independent
 // implementation, OpenSSL's command line:
 //   printf '%s' '1700000000.{"id":"evt_1"}' | openssl dgst -sha256 -hmac whsec_test_secret
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <cctype>
 #include <cstdio>
 #include <string>
@@ -16,6 +13,7 @@
 #include "webhook_secret.hpp"
 
 #include "tap.hpp"
+#include "temp_files.hpp"
 
 namespace {
 
@@ -61,19 +59,6 @@ void Refused(const std::string& payload, const std::string& header, std::int64_t
 
 std::string Header(const std::string& signatures, std::int64_t t = kSigned) {
   return "t=" + std::to_string(t) + "," + signatures;
-}
-
-std::vector<std::string> created;
-
-std::string WriteFile(const std::string& content, mode_t mode) {
-  char path[] = "/tmp/billguard-whsec-XXXXXX";
-  const int fd = mkstemp(path);
-  std::FILE* f = fdopen(fd, "w");
-  std::fputs(content.c_str(), f);
-  std::fclose(f);
-  chmod(path, mode);
-  created.push_back(path);
-  return path;
 }
 
 }  // namespace
@@ -141,21 +126,21 @@ int main() {
           "a huge header is refused");
 
   // The secret file.
-  const auto loaded = billguard::LoadWebhookSecret(WriteFile(" " + kSecret + "\n", 0600));
+  const auto loaded = billguard::LoadWebhookSecret(temp_files::Write(" " + kSecret + "\n", 0600));
   tap::Is(loaded.secret, kSecret, "a whsec_ secret in a mode 600 file is loaded, trimmed");
-  const std::string open_file = WriteFile(kSecret, 0644);
+  const std::string open_file = temp_files::Write(kSecret, 0644);
   const auto world_readable = billguard::LoadWebhookSecret(open_file);
   tap::Ok(world_readable.secret.empty() &&
               world_readable.error.find("group or world access") != std::string::npos &&
               world_readable.error.find(open_file) == std::string::npos,
           "a world-readable secret file is refused, without its path in the message");
-  const auto api_key = billguard::LoadWebhookSecret(WriteFile("sk_test_abcdefghij", 0600));
+  const auto api_key = billguard::LoadWebhookSecret(temp_files::Write("sk_test_abcdefghij", 0600));
   tap::Is(api_key.error,
           "billguard.webhook_secret_file does not hold a webhook signing secret (whsec_...)",
           "a file holding something else (an API key) is refused, without its content");
   tap::Is(billguard::LoadWebhookSecret("").error, "billguard.webhook_secret_file is not set",
           "an unset setting is refused");
 
-  for (const auto& path : created) unlink(path.c_str());
+  temp_files::RemoveAll();
   return tap::Done();
 }
