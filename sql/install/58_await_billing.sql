@@ -17,7 +17,9 @@ CREATE FUNCTION billguard.is_terminal_status(status text) RETURNS boolean
 -- update of the dispatcher's, and queue an event for each move it announces.
 -- Triggers fire in name order, so it comes after that check; what it arms
 -- happens only at COMMIT, and a row that is not written after all only
--- makes waiters read again.
+-- makes waiters read again. The WHEN clause spells out is_terminal_status():
+-- a function with SET search_path is never inlined, and this clause is
+-- evaluated for every update of the dispatcher's.
 CREATE FUNCTION billguard.announce_terminal_status() RETURNS trigger
   LANGUAGE c
   SET search_path = pg_catalog, pg_temp
@@ -25,7 +27,8 @@ CREATE FUNCTION billguard.announce_terminal_status() RETURNS trigger
 
 CREATE TRIGGER billing_records_terminal_wakeup BEFORE UPDATE OF status ON billguard.billing_records
   FOR EACH ROW
-  WHEN (OLD.status IS DISTINCT FROM NEW.status AND billguard.is_terminal_status(NEW.status))
+  WHEN (OLD.status IS DISTINCT FROM NEW.status
+        AND NEW.status IN ('completed', 'failed', 'blocked', 'needs_review', 'cancelled'))
   EXECUTE FUNCTION billguard.announce_terminal_status();
 
 -- The count of announcing commits for the record's wake-up slot, read before
