@@ -211,13 +211,13 @@ HandlerResult StripeApi::run_creation(const HttpRequest& request, const Route& r
     if (server_error->create) {
       const Creation created = create_object(state_.ledger, creation, key_for_ledger);
       ++state_.stats.created;
-      state_.webhooks.publish(creation_events(created.object));
+      if (state_.webhooks.enabled()) state_.webhooks.publish(creation_events(created.object));
     }
     response = render_error(errors::api_error(500));
   } else {
     const Creation created = create_object(state_.ledger, creation, key_for_ledger);
     ++state_.stats.created;
-    state_.webhooks.publish(creation_events(created.object));
+    if (state_.webhooks.enabled()) state_.webhooks.publish(creation_events(created.object));
     response = created.response;
   }
   if (ticket) state_.idempotency.complete(api_key, *idempotency_key, *ticket, response);

@@ -35,6 +35,11 @@ WebhookSettings WebhookSender::settings() const {
   return settings_;
 }
 
+bool WebhookSender::enabled() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !settings_.url.empty();
+}
+
 void WebhookSender::queue_locked(const WebhookEvent& event) {
   Delivery delivery;
   delivery.event = event;

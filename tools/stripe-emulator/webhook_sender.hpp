@@ -36,6 +36,8 @@ class WebhookSender {
   // http://HOST[:PORT][/PATH] or a URL comes without a secret.
   bool configure(const WebhookSettings& settings, std::string& error);
   WebhookSettings settings() const;
+  // Whether events are delivered at all: callers skip rendering them otherwise.
+  bool enabled() const;
 
   void publish(const std::vector<WebhookEvent>& events);
   // One more delivery of an event published before; false when there is none.
