@@ -7,11 +7,9 @@ packages=(
   libtap-parser-sourcehandler-pgtap-perl libipc-run-perl
   libssl-dev libcurl4-openssl-dev libpqxx-dev libcpp-httplib-dev nlohmann-json3-dev
   g++ make clang-14 llvm-14 clang-format curl
-  openssl
+  openssl  # its command line signs the webhook tests' deliveries, independently of billguard
   prometheus wrk
 )
-# openssl: the webhook tests sign deliveries with its command line, an
-# implementation independent of billguard's and the emulator's.
 # The proxy's real-client test runs the official stripe package on Node.js.
 command -v npm >/dev/null || packages+=(nodejs npm)
 missing=()
