@@ -8,6 +8,7 @@
 #include "launcher.hpp"
 #include "module.hpp"
 #include "shared_state.hpp"
+#include "terminal_wakeups.hpp"
 
 extern "C" {
 #include "postgres.h"
@@ -39,6 +40,7 @@ int auto_bill = kAutoBillOff;
 int bill_day = 1;
 int bill_hour_utc = 0;
 char* scheduler_now = nullptr;
+char* webhook_secret_file = nullptr;
 }  // namespace billguard::settings
 
 namespace {
@@ -190,6 +192,19 @@ void DefineSchedulerSettings() {
                              "", PGC_SUSET, 0, CheckSchedulerNow, nullptr, nullptr);
 }
 
+// ---- Stripe webhooks ----
+// Superuser-only, like the API key file: the path says where the secret
+// lives. The file is read at every delivery, so a rolled secret takes effect
+// as soon as the file holds it.
+void DefineWebhookSettings() {
+  DefineCustomStringVariable(
+      "billguard.webhook_secret_file",
+      "File holding the signing secret (whsec_...) of the Stripe webhook endpoint.",
+      "Read by ingest_stripe_event() at every delivery; the secret is never logged or shown.",
+      &billguard::settings::webhook_secret_file, "", PGC_SIGHUP, GUC_SUPERUSER_ONLY, nullptr,
+      nullptr, nullptr);
+}
+
 void DefineSettings() {
   // SUSET: a session that could change the namespace could mint a second key
   // for a billing that already has one.
@@ -214,6 +229,7 @@ extern "C" void _PG_init(void) {
   DefineSettings();
   DefineDispatcherSettings();
   DefineSchedulerSettings();
+  DefineWebhookSettings();
   MarkGUCPrefixReserved("billguard");
   if (!process_shared_preload_libraries_in_progress) {
     // Loaded by a session: no dispatcher runs, so its settings do nothing.
@@ -226,6 +242,7 @@ extern "C" void _PG_init(void) {
     return;
   }
   billguard::InstallSharedState();
+  billguard::InstallTerminalWakeups();
   billguard::InstallCreateExtensionHook();
   billguard::RegisterLauncher();
 }

@@ -30,4 +30,9 @@ extern int bill_day;
 extern int bill_hour_utc;
 extern char* scheduler_now;  // test-only: "" is the clock
 
+// ---- Stripe webhooks ----
+// billguard.webhook_secret_file: the webhook endpoint's signing secret
+// (whsec_...), read by ingest_stripe_event() at every delivery.
+extern char* webhook_secret_file;
+
 }  // namespace billguard::settings

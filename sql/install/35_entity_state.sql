@@ -54,6 +54,11 @@ CREATE FUNCTION billguard.apply_event(state jsonb, event_type text, event jsonb)
     WHEN 'BillingBlocked' THEN state || jsonb_build_object('status', 'blocked')
     WHEN 'RecordRequeued' THEN state || jsonb_build_object('status', 'in_progress')
     WHEN 'BillingCancelled' THEN state || jsonb_build_object('status', 'cancelled')
+    WHEN 'WebhookApplied' THEN state || jsonb_strip_nulls(jsonb_build_object(
+      'status', CASE WHEN event ->> 'effect' IN ('completed', 'refunded') THEN 'completed'
+                     WHEN event ->> 'effect' = 'failed' THEN 'failed' END,
+      'charge_id', CASE WHEN event ->> 'effect' IN ('completed', 'refunded') THEN event -> 'charge_id' END,
+      'refunded_cents', CASE WHEN event ->> 'effect' = 'refunded' THEN event -> 'amount_refunded_cents' END))
     WHEN 'BillingTickIssued' THEN jsonb_set(state, '{issued_periods}',
       CASE WHEN (state -> 'issued_periods') ? (event ->> 'billing_period')
            THEN state -> 'issued_periods'

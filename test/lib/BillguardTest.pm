@@ -165,14 +165,15 @@ sub start_gate {
 	return $gate;
 }
 
-# Starts one racing psql session: it waits at the gate, then runs $sql.
+# Starts one racing psql session: it waits at the gate, then runs each of
+# @sql in a transaction of its own.
 sub race_psql {
-	my ($node, $sql) = @_;
+	my ($node, @sql) = @_;
 	my %r = (out => '', err => '');
 	$r{handle} = IPC::Run::start(
 		[ 'psql', '-XAtq', '-v', 'ON_ERROR_STOP=1', '-d', $node->connstr('postgres'),
 		  '-c', 'DO $$BEGIN PERFORM pg_advisory_lock_shared(424242); PERFORM pg_advisory_unlock_shared(424242); END$$',
-		  '-c', $sql ],
+		  map { ('-c', $_) } @sql ],
 		'>', \$r{out}, '2>', \$r{err});
 	return \%r;
 }
