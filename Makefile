@@ -28,6 +28,11 @@ OBJS = \
 	extension/dispatcher.o \
 	extension/dispatcher_main.o \
 	extension/dispatcher_status.o \
+	extension/scheduler_settings.o \
+	extension/scheduler.o \
+	extension/terminal_wakeups.o \
+	extension/await_billing.o \
+	extension/stripe_webhook_signature.o \
 	extension/random_text.o
 
 # Released scripts are frozen in sql/; the install script of the version

@@ -43,15 +43,18 @@ sql -c "INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cen
 echo "1,000 demo accounts loaded (paced at 100 requests/s, Stripe's live-mode limit)"
 
 # Prints a progress bar until no record of the period is open.
+# The rate counts only what settled since the bar started (after a crash,
+# the records settled before it are not this run's work).
 progress() {
-  local period=$1 started now done total rate eta bar
+  local period=$1 started now done total rate eta bar first=
   started=$(date +%s.%N)
   while :; do
     read -r done total < <(value "SELECT count(*) FILTER (WHERE status NOT IN ('pending','dispatching','unknown')), count(*)
                                     FROM billguard.billing_records WHERE billing_period = '$period'" | tr '|' ' ')
     now=$(date +%s.%N)
-    read -r rate eta bar < <(awk -v d="$done" -v t="$total" -v s="$started" -v n="$now" 'BEGIN {
-      el = n - s; r = el > 0 ? d / el : 0; eta = r > 0 ? (t - d) / r : 0
+    first=${first:-$done}
+    read -r rate eta bar < <(awk -v d="$done" -v f="$first" -v t="$total" -v s="$started" -v n="$now" 'BEGIN {
+      el = n - s; r = el > 0 ? (d - f) / el : 0; eta = r > 0 ? (t - d) / r : 0
       w = int(40 * d / (t > 0 ? t : 1)); b = ""; for (i = 0; i < 40; i++) b = b (i < w ? "#" : ".")
       printf "%.1f %.1f %s\n", r, eta, b }')
     printf '\r  [%s] %4d/%d settled  %6.1f charges/s  ETA %5.1fs ' "$bar" "$done" "$total" "$rate" "$eta"

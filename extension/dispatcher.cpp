@@ -19,6 +19,7 @@
 #include "dispatcher.hpp"
 #include "module.hpp"
 #include "pg_boundary.hpp"
+#include "scheduler.hpp"
 #include "shared_state.hpp"
 
 extern "C" {
@@ -72,6 +73,7 @@ class Dispatcher {
       Log("started");
       while (!ShutdownRequestPending) {
         if (ConfigReloadPending) Reload();
+        TickScheduler();
         TakeFinished(http_.Poll(in_flight_.empty() ? 0 : PollMilliseconds()));
         // Freed slots are refilled (from the records claimed ahead, then
         // from a claim) before anything is recorded, so that no slot idles

@@ -9,11 +9,15 @@
 #include "dispatcher_main.hpp"
 #include "shared_state.hpp"
 
+#include "module.hpp"
+
 extern "C" {
+#include "access/xact.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "postmaster/interrupt.h"
 #include "storage/ipc.h"
+#include "storage/latch.h"
 #include "utils/guc.h"
 
 PGDLLEXPORT void billguard_dispatcher_main(Datum arg);
@@ -73,6 +77,32 @@ bool ClaimThisDatabase() {
   return claim == Claim::kClaimed;
 }
 
+// An HA manager fences a primary it demotes, and a node it promotes until
+// it is ready, with default_transaction_read_only = on (pg_auto_failover
+// does both); so may an operator. Rather than fail at its first write and
+// be started again every few seconds, the dispatcher waits until a reload
+// lifts it, and claims nothing meanwhile.
+void WaitWhileReadOnly() {
+  constexpr const char* kReason =
+      "the server is read-only (default_transaction_read_only = on): waiting until it is not";
+  if (!DefaultXactReadOnly) return;
+  Log(LOG, kReason);
+  CallPostgres([&] { PublishDispatcherStatus(true, kReason, 0, 0); });
+  while (!ShutdownRequestPending && DefaultXactReadOnly) {
+    CallPostgres([] {
+      const int rc = WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+                               billguard::settings::poll_interval_ms, PG_WAIT_EXTENSION);
+      if (rc & WL_LATCH_SET) ResetLatch(MyLatch);
+      CHECK_FOR_INTERRUPTS();
+      if (ConfigReloadPending) {
+        ConfigReloadPending = false;
+        ProcessConfigFile(PGC_SIGHUP);
+      }
+    });
+  }
+  if (!ShutdownRequestPending) Log(LOG, "the server is writable again");
+}
+
 }  // namespace
 
 bool StartDispatcher(Oid database, const char* name, BackgroundWorkerHandle** handle) {
@@ -115,6 +145,8 @@ extern "C" void billguard_dispatcher_main(Datum arg) {
   SetConfigOption("synchronous_commit", "off", PGC_USERSET, PGC_S_SESSION);
   billguard::GuardedCall("dispatcher", [&]() -> Datum {
     if (!billguard::ClaimThisDatabase()) return 0;
+    billguard::WaitWhileReadOnly();
+    if (ShutdownRequestPending) return 0;
     billguard::InitializeHttp();
     billguard::http_initialized = true;
     billguard::CallPostgres([] { on_proc_exit(billguard::ShutdownHttpAtExit, 0); });

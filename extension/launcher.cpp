@@ -229,6 +229,8 @@ void RegisterLauncher() {
   BackgroundWorker worker;
   memset(&worker, 0, sizeof(worker));
   worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+  // Never on a standby: the postmaster starts it once recovery has finished,
+  // at a promotion too, and only then do dispatchers and schedulers run.
   worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
   worker.bgw_restart_time = 2;  // seconds: supervised, restarted after it exits
   strlcpy(worker.bgw_library_name, "billguard", BGW_MAXLEN);

@@ -8,11 +8,13 @@
 #include "launcher.hpp"
 #include "module.hpp"
 #include "shared_state.hpp"
+#include "terminal_wakeups.hpp"
 
 extern "C" {
 #include "postgres.h"
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "utils/datetime.h"
 #include "utils/guc.h"
 
 PG_MODULE_MAGIC;
@@ -34,6 +36,11 @@ int idempotency_window_s = 23 * 3600;
 int max_attempts = 20;
 int poll_interval_ms = 1000;
 int search_settle_delay_s = 120;
+int auto_bill = kAutoBillOff;
+int bill_day = 1;
+int bill_hour_utc = 0;
+char* scheduler_now = nullptr;
+char* webhook_secret_file = nullptr;
 }  // namespace billguard::settings
 
 namespace {
@@ -132,6 +139,72 @@ void DefineDispatcherSettings() {
                           nullptr, nullptr, nullptr);
 }
 
+// An instant, as timestamptz reads it (with its zone, e.g.
+// '2026-09-01 00:00:00+00'), or "". A value that moves ('now', 'today',
+// 'epoch' and the like) is refused: the point is a clock that stands still.
+// ParseDateTime and DecodeDateTime report errors by their result, never by
+// ereport, so this runs safely in the postmaster too.
+bool CheckSchedulerNow(char** newval, void** /*extra*/, GucSource /*source*/) {
+  const char* value = *newval != nullptr ? *newval : "";
+  if (value[0] == '\0') return true;
+  char buffer[MAXDATELEN + MAXDATEFIELDS];
+  char* fields[MAXDATEFIELDS];
+  int types[MAXDATEFIELDS];
+  int count = 0;
+  int kind = 0;
+  pg_tm tm;
+  fsec_t fraction = 0;
+  int zone = 0;
+  Timestamp instant = 0;
+  const bool valid =
+      value[0] >= '0' && value[0] <= '9' && strlen(value) < MAXDATELEN &&
+      ParseDateTime(value, buffer, sizeof(buffer), fields, types, MAXDATEFIELDS, &count) == 0 &&
+      DecodeDateTime(fields, types, count, &kind, &tm, &fraction, &zone) == 0 && kind == DTK_DATE &&
+      tm2timestamp(&tm, fraction, &zone, &instant) == 0;
+  if (!valid) {
+    GUC_check_errdetail(
+        "billguard.scheduler_now must be empty or an instant such as '2026-09-01 00:00:00+00'.");
+  }
+  return valid;
+}
+
+// The scheduler bills each period once, from the calendar alone (see
+// scheduler.cpp and sql/install/57_scheduler.sql).
+void DefineSchedulerSettings() {
+  using namespace billguard::settings;
+  static const config_enum_entry kAutoBillOptions[] = {
+      {"off", kAutoBillOff, false}, {"monthly", kAutoBillMonthly, false}, {nullptr, 0, false}};
+  DefineCustomEnumVariable(
+      "billguard.auto_bill", "Whether the dispatcher bills each period by itself: off or monthly.",
+      "monthly: once the UTC calendar passes bill_day at bill_hour_utc, the previous calendar "
+      "month is billed with bill_period.",
+      &auto_bill, kAutoBillOff, kAutoBillOptions, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+  DefineCustomIntVariable("billguard.bill_day",
+                          "Day of the month (UTC) on which the previous month is billed.", nullptr,
+                          &bill_day, 1, 1, 28, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+  DefineCustomIntVariable("billguard.bill_hour_utc",
+                          "Hour (UTC) of bill_day at which the previous month is billed.", nullptr,
+                          &bill_hour_utc, 0, 0, 23, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+  // SUSET: only a superuser may make the scheduler believe it is another day.
+  DefineCustomStringVariable("billguard.scheduler_now",
+                             "For tests only: the instant the scheduler takes for now.",
+                             "Unset (the default), the scheduler reads the clock.", &scheduler_now,
+                             "", PGC_SUSET, 0, CheckSchedulerNow, nullptr, nullptr);
+}
+
+// ---- Stripe webhooks ----
+// Superuser-only, like the API key file: the path says where the secret
+// lives. The file is read at every delivery, so a rolled secret takes effect
+// as soon as the file holds it.
+void DefineWebhookSettings() {
+  DefineCustomStringVariable(
+      "billguard.webhook_secret_file",
+      "File holding the signing secret (whsec_...) of the Stripe webhook endpoint.",
+      "Read by ingest_stripe_event() at every delivery; the secret is never logged or shown.",
+      &billguard::settings::webhook_secret_file, "", PGC_SIGHUP, GUC_SUPERUSER_ONLY, nullptr,
+      nullptr, nullptr);
+}
+
 void DefineSettings() {
   // SUSET: a session that could change the namespace could mint a second key
   // for a billing that already has one.
@@ -155,6 +228,8 @@ extern "C" void _PG_init(void) {
   if (IsBinaryUpgrade) return;
   DefineSettings();
   DefineDispatcherSettings();
+  DefineSchedulerSettings();
+  DefineWebhookSettings();
   MarkGUCPrefixReserved("billguard");
   if (!process_shared_preload_libraries_in_progress) {
     // Loaded by a session: no dispatcher runs, so its settings do nothing.
@@ -167,6 +242,7 @@ extern "C" void _PG_init(void) {
     return;
   }
   billguard::InstallSharedState();
+  billguard::InstallTerminalWakeups();
   billguard::InstallCreateExtensionHook();
   billguard::RegisterLauncher();
 }

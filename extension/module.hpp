@@ -22,4 +22,17 @@ extern int max_attempts;
 extern int poll_interval_ms;
 extern int search_settle_delay_s;
 
+// The scheduler's settings (module.cpp; read by scheduler.cpp and
+// scheduler_settings.cpp).
+enum AutoBill { kAutoBillOff = 0, kAutoBillMonthly = 1 };
+extern int auto_bill;
+extern int bill_day;
+extern int bill_hour_utc;
+extern char* scheduler_now;  // test-only: "" is the clock
+
+// ---- Stripe webhooks ----
+// billguard.webhook_secret_file: the webhook endpoint's signing secret
+// (whsec_...), read by ingest_stripe_event() at every delivery.
+extern char* webhook_secret_file;
+
 }  // namespace billguard::settings

@@ -2009,3 +2009,817 @@ END $$;
 -- As in a fresh install, the function this section creates is not granted
 -- to PUBLIC.
 REVOKE ALL ON FUNCTION billguard.record_answers(jsonb, interval) FROM PUBLIC;
+
+-- ==== The scheduler, and snapshots upcast from older state versions (issue 7) ====
+
+-- The shape of the state apply_event folds; every snapshot records the
+-- version it was saved with. Bumped whenever the shape changes, with a step
+-- in upcast_state that brings older snapshots to it: retention deletes the
+-- events a snapshot covers, so an older snapshot cannot be skipped.
+--   1  0.1.0
+--   2  the scheduler entity keeps last_issued_period and last_issued_at
+CREATE OR REPLACE FUNCTION billguard.state_version() RETURNS integer
+  LANGUAGE sql IMMUTABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  RETURN 2;
+
+CREATE OR REPLACE FUNCTION billguard.initial_state(persistence_id text) RETURNS jsonb
+  LANGUAGE sql IMMUTABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  RETURN CASE
+    WHEN persistence_id = 'billing-scheduler'
+      THEN jsonb_build_object('entity', 'billing-scheduler', 'issued_periods', '[]'::jsonb,
+                              'last_issued_period', NULL, 'last_issued_at', NULL)
+    WHEN persistence_id LIKE 'billing-%'
+      THEN jsonb_build_object('entity', 'billing', 'status', 'new', 'attempts', 0)
+    ELSE jsonb_build_object('entity', 'unknown')
+  END;
+
+-- One step of the fold. Pure: the same events always give the same state.
+CREATE OR REPLACE FUNCTION billguard.apply_event(state jsonb, event_type text, event jsonb) RETURNS jsonb
+  LANGUAGE sql IMMUTABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  RETURN CASE event_type
+    WHEN 'BillingInitiated' THEN state || jsonb_build_object(
+      'status', 'in_progress',
+      'customer_id', event -> 'customer_id',
+      'billing_period', event -> 'billing_period',
+      'idempotency_key', event -> 'idempotency_key',
+      'amount_cents', event -> 'amount_cents',
+      'currency', event -> 'currency',
+      'initiated_at', event -> 'initiated_at')
+    WHEN 'ChargeAttempted' THEN state || jsonb_build_object(
+      'attempts', coalesce(event -> 'attempt', to_jsonb(coalesce((state ->> 'attempts')::int, 0) + 1)))
+    WHEN 'BillingCompleted' THEN state || jsonb_build_object(
+      'status', 'completed', 'charge_id', event -> 'charge_id')
+    WHEN 'ChargeReconciled' THEN state || jsonb_build_object(
+      'status', 'completed', 'charge_id', event -> 'charge_id')
+    WHEN 'ReviewResolved' THEN state || jsonb_build_object(
+      'status', 'completed', 'charge_id', event -> 'charge_id')
+    WHEN 'BillingFailed' THEN state || jsonb_build_object(
+      'status', CASE WHEN (event ->> 'terminal')::boolean THEN 'failed' ELSE state ->> 'status' END,
+      'last_error', event - 'terminal')
+    WHEN 'ChargeUnknown' THEN state || jsonb_build_object('status', 'unknown')
+    WHEN 'NeedsReview' THEN state || jsonb_build_object('status', 'needs_review')
+    WHEN 'BillingBlocked' THEN state || jsonb_build_object('status', 'blocked')
+    WHEN 'RecordRequeued' THEN state || jsonb_build_object('status', 'in_progress')
+    WHEN 'BillingCancelled' THEN state || jsonb_build_object('status', 'cancelled')
+    WHEN 'BillingTickIssued' THEN jsonb_set(state, '{issued_periods}',
+      CASE WHEN (state -> 'issued_periods') ? (event ->> 'billing_period')
+           THEN state -> 'issued_periods'
+           ELSE coalesce(state -> 'issued_periods', '[]'::jsonb) || jsonb_build_array(event -> 'billing_period')
+      END)
+      || CASE WHEN event ->> 'billing_period' >= coalesce(state ->> 'last_issued_period', '')
+              THEN jsonb_build_object('last_issued_period', event -> 'billing_period',
+                                      'last_issued_at', event -> 'issued_at')
+              ELSE '{}'::jsonb
+         END
+    ELSE state
+  END || jsonb_build_object('last_event_type', event_type);
+
+-- A snapshot's state of an older state_version in the current shape, one
+-- step per version:
+--   1 -> 2  the scheduler entity's last_issued_period is the greatest of its
+--           issued_periods, last_issued_at unknown. A state without
+--           issued_periods (a malformed or hand-made snapshot) gets none:
+--           billing_records, not the state, keeps those periods from being
+--           billed twice.
+CREATE FUNCTION billguard.upcast_state(state jsonb, state_version integer) RETURNS jsonb
+  LANGUAGE sql IMMUTABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  RETURN CASE
+    WHEN state_version >= 2 OR state ->> 'entity' IS DISTINCT FROM 'billing-scheduler' THEN state
+    ELSE state || jsonb_build_object(
+      'issued_periods', coalesce(state -> 'issued_periods', '[]'::jsonb),
+      'last_issued_period',
+        (SELECT max(p.period) FROM jsonb_array_elements_text(
+           coalesce(state -> 'issued_periods', '[]'::jsonb)) AS p(period)),
+      'last_issued_at', NULL)
+  END;
+
+CREATE OR REPLACE FUNCTION billguard.entity_state(persistence_id text) RETURNS jsonb
+  LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  pid    text := entity_state.persistence_id;
+  state  jsonb;
+  seq    bigint := 0;
+  ev     record;
+BEGIN
+  IF pid IS NULL THEN
+    RAISE EXCEPTION 'persistence_id must not be NULL' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  SELECT billguard.upcast_state(s.state, s.state_version), s.seq_nr INTO state, seq
+    FROM billguard.snapshots s
+   WHERE s.persistence_id = pid AND s.state_version <= billguard.state_version()
+   ORDER BY s.seq_nr DESC LIMIT 1;
+  IF NOT FOUND THEN
+    state := billguard.initial_state(pid);
+    seq := 0;
+  END IF;
+  FOR ev IN SELECT j.seq_nr, j.event_type, j.event FROM billguard.journal j
+             WHERE j.persistence_id = pid AND j.seq_nr > seq ORDER BY j.seq_nr LOOP
+    state := billguard.apply_event(state, ev.event_type, ev.event);
+    seq := ev.seq_nr;
+  END LOOP;
+  RETURN state || jsonb_build_object('persistence_id', pid, 'seq_nr', seq);
+END $$;
+COMMENT ON FUNCTION billguard.entity_state(text) IS
+  'Folded state of an entity: its latest snapshot, upcast to the current state_version, plus the events after it.';
+
+-- Retention: keep the newest keep_snapshots snapshots, delete older ones
+-- and every event the oldest kept snapshot covers.
+CREATE OR REPLACE FUNCTION billguard.apply_retention(persistence_id text, keep_snapshots integer DEFAULT 2)
+  RETURNS TABLE (snapshots_deleted bigint, events_deleted bigint)
+  LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  pid        text := apply_retention.persistence_id;
+  covered_to bigint;
+BEGIN
+  IF pid IS NULL THEN
+    RAISE EXCEPTION 'persistence_id must not be NULL' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  IF keep_snapshots IS NULL OR keep_snapshots < 1 THEN
+    RAISE EXCEPTION 'keep_snapshots must be >= 1' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  SELECT min(k.seq_nr) INTO covered_to FROM (
+    SELECT s.seq_nr FROM billguard.snapshots s
+     WHERE s.persistence_id = pid AND s.state_version <= billguard.state_version()
+     ORDER BY s.seq_nr DESC LIMIT keep_snapshots) k;
+  IF covered_to IS NULL THEN
+    snapshots_deleted := 0; events_deleted := 0;
+    RETURN NEXT;
+    RETURN;
+  END IF;
+  DELETE FROM billguard.snapshots s WHERE s.persistence_id = pid AND s.seq_nr < covered_to;
+  GET DIAGNOSTICS snapshots_deleted = ROW_COUNT;
+  PERFORM set_config('billguard_internal.retention', 'on', true);
+  -- The newest event always stays: it alone keeps the entity's highest
+  -- seq_nr if every snapshot is lost later, so seq_nr never goes back.
+  DELETE FROM billguard.journal j
+   WHERE j.persistence_id = pid AND j.seq_nr <= covered_to
+     AND j.seq_nr < (SELECT max(h.seq_nr) FROM billguard.journal h WHERE h.persistence_id = pid);
+  GET DIAGNOSTICS events_deleted = ROW_COUNT;
+  PERFORM set_config('billguard_internal.retention', 'off', true);
+  RETURN NEXT;
+END $$;
+COMMENT ON FUNCTION billguard.apply_retention(text, integer) IS
+  'Deletes snapshots older than the newest keep_snapshots and the events the oldest kept one covers.';
+
+-- The scheduler: with billguard.auto_bill = monthly, each database's
+-- dispatcher bills the previous calendar month once the UTC calendar passes
+-- bill_day at bill_hour_utc (extension/scheduler.cpp calls scheduler_tick()).
+-- Which period is due follows from the calendar alone, never from when a
+-- worker started. The guard is the period's BillingTickIssued on
+-- billing-scheduler; billing_records stays the authority when the journal
+-- or a snapshot is wrong.
+
+-- The settings and the scheduler's notion of now: billguard.scheduler_now
+-- (test-only, superuser-only) or the transaction's start.
+CREATE FUNCTION billguard.scheduler_settings(OUT auto_bill text, OUT bill_day integer,
+                                             OUT bill_hour_utc integer, OUT now timestamptz)
+  LANGUAGE c STABLE
+  SET search_path = pg_catalog, pg_temp
+  AS 'MODULE_PATHNAME', 'billguard_scheduler_settings';
+
+-- The instant a period YYYY-MM becomes due: bill_hour_utc on bill_day of
+-- the month after it, in UTC.
+CREATE FUNCTION billguard.bill_instant(billing_period text, bill_day integer,
+                                       bill_hour_utc integer)
+  RETURNS timestamptz
+  LANGUAGE sql STABLE
+  SET search_path = pg_catalog, pg_temp
+  RETURN (to_date(billing_period, 'YYYY-MM') + interval '1 month'
+          + make_interval(days => bill_day - 1, hours => bill_hour_utc)) AT TIME ZONE 'UTC';
+
+-- The calendar at instant `at`: the most recent period due (last month's
+-- once this month's bill instant has passed, else the month before), the
+-- instant it became due, and the instant the next one does.
+CREATE FUNCTION billguard.scheduler_calendar(at timestamptz, bill_day integer,
+                                             bill_hour_utc integer,
+                                             OUT due_period text, OUT due_at timestamptz,
+                                             OUT next_due_at timestamptz)
+  LANGUAGE plpgsql STABLE
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+DECLARE
+  this_month timestamp := date_trunc('month', at AT TIME ZONE 'UTC');
+BEGIN
+  IF bill_day NOT BETWEEN 1 AND 28 OR bill_hour_utc NOT BETWEEN 0 AND 23 THEN
+    RAISE EXCEPTION 'bill_day must be 1..28 and bill_hour_utc 0..23, got % and %',
+                    bill_day, bill_hour_utc
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  due_period := to_char(this_month - interval '1 month', 'YYYY-MM');
+  IF at < billguard.bill_instant(due_period, bill_day, bill_hour_utc) THEN
+    due_period := to_char(this_month - interval '2 months', 'YYYY-MM');
+  END IF;
+  due_at := billguard.bill_instant(due_period, bill_day, bill_hour_utc);
+  next_due_at := billguard.bill_instant(to_char(to_date(due_period, 'YYYY-MM') + interval '1 month',
+                                                'YYYY-MM'),
+                                        bill_day, bill_hour_utc);
+END $$;
+
+-- The schedule at the scheduler's now: its settings, the most recent period
+-- due, the instant it became due and the instant the next one does.
+CREATE FUNCTION billguard.current_schedule(OUT auto_bill text, OUT bill_day integer,
+                                           OUT bill_hour_utc integer, OUT due_period text,
+                                           OUT due_at timestamptz, OUT next_due_at timestamptz)
+  LANGUAGE sql STABLE
+  SET search_path = pg_catalog, pg_temp
+  BEGIN ATOMIC
+    SELECT s.auto_bill, s.bill_day, s.bill_hour_utc, c.due_period, c.due_at, c.next_due_at
+      FROM billguard.scheduler_settings() s,
+           LATERAL billguard.scheduler_calendar(s.now, s.bill_day, s.bill_hour_utc) c;
+  END;
+
+-- One tick of the scheduler, in the dispatcher's transaction: bills the most
+-- recent due period unless billing-scheduler has issued it. outcome:
+--   billed          bill_period claimed the accounts without a record
+--   already_issued  BillingTickIssued is in the scheduler's state: nothing
+--   already_billed  the state did not list the period, yet billing_records
+--                   held every record it would claim (a stale or older
+--                   snapshot; or bill_customer for every account): nothing
+--                   was claimed, and the worker logs the inconsistency
+--   busy            a session bills this period right now; the worker tries
+--                   again shortly rather than wait for its lock
+-- existing counts the period's records from before this tick.
+CREATE FUNCTION billguard.scheduler_tick()
+  RETURNS TABLE (billing_period text, outcome text, initiated bigint, existing bigint,
+                 due_at timestamptz, next_due_at timestamptz)
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+#variable_conflict use_column
+DECLARE
+  schedule record;
+  claimed  record;
+BEGIN
+  -- A failover must not lose a tick whose claims it replicated.
+  PERFORM set_config('synchronous_commit', 'on', true);
+  SELECT * INTO schedule FROM billguard.current_schedule();
+  billing_period := schedule.due_period;
+  due_at := schedule.due_at;
+  next_due_at := schedule.next_due_at;
+  initiated := 0;
+  existing := 0;
+  -- bill_period takes the same lock: the check and the claim are one step.
+  IF NOT pg_try_advisory_xact_lock(billguard.period_lock_class(), hashtext(schedule.due_period)) THEN
+    outcome := 'busy';
+  ELSIF (billguard.entity_state('billing-scheduler') -> 'issued_periods') ? schedule.due_period THEN
+    outcome := 'already_issued';
+  ELSE
+    SELECT * INTO claimed FROM billguard.claim_period(schedule.due_period);
+    initiated := claimed.initiated;
+    existing := claimed.already_completed + claimed.in_progress + claimed.failed + claimed.cancelled;
+    outcome := CASE WHEN initiated = 0 AND existing > 0 THEN 'already_billed' ELSE 'billed' END;
+  END IF;
+  RETURN NEXT;
+END $$;
+
+-- The due periods never issued, oldest first: every period from the first
+-- one issued (or, with none, due_period) up to due_period, the most recent
+-- one due.
+CREATE FUNCTION billguard.never_issued(due_period text, issued jsonb)
+  RETURNS text[]
+  LANGUAGE sql STABLE
+  SET search_path = pg_catalog, pg_temp
+  RETURN (SELECT coalesce(array_agg(to_char(m, 'YYYY-MM') ORDER BY m), '{}')
+            FROM generate_series(
+                   to_date(least(due_period,
+                                 (SELECT min(i.p) FROM jsonb_array_elements_text(issued) AS i(p))),
+                           'YYYY-MM'),
+                   to_date(due_period, 'YYYY-MM'), interval '1 month') AS m
+           WHERE NOT issued ? to_char(m, 'YYYY-MM'));
+
+-- The due periods never issued, with the instant each became due. scheduled:
+-- the scheduler bills it by itself (the most recent, with auto_bill =
+-- monthly); it never bills the others: bill each deliberately with
+-- bill_period. records counts what bill_customer claimed of it already.
+CREATE FUNCTION billguard.due_periods()
+  RETURNS TABLE (billing_period text, due_at timestamptz, records bigint, scheduled boolean)
+  LANGUAGE plpgsql STABLE SECURITY DEFINER
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+#variable_conflict use_column
+DECLARE
+  schedule record;
+  missed   text[];
+BEGIN
+  SELECT * INTO schedule FROM billguard.current_schedule();
+  missed := billguard.never_issued(schedule.due_period,
+              coalesce(billguard.entity_state('billing-scheduler') -> 'issued_periods', '[]'::jsonb));
+  IF cardinality(missed) = 0 THEN
+    RETURN;    -- no reason to read billing_records
+  END IF;
+  RETURN QUERY
+    SELECT p.period,
+           billguard.bill_instant(p.period, schedule.bill_day, schedule.bill_hour_utc),
+           coalesce(r.records, 0),
+           p.period = schedule.due_period AND schedule.auto_bill = 'monthly'
+      FROM unnest(missed) AS p(period)
+      LEFT JOIN (SELECT br.billing_period, count(*) AS records
+                   FROM billguard.billing_records br
+                  WHERE br.billing_period = ANY (missed)
+                  GROUP BY br.billing_period) r ON r.billing_period = p.period
+     ORDER BY p.period;
+END $$;
+COMMENT ON FUNCTION billguard.due_periods() IS
+  'Due periods never issued; the scheduler bills only the most recent (scheduled), the rest only bill_period does.';
+
+-- The scheduler as billguard.scheduler_status shows it: enabled, the next
+-- instant it bills (in the past while the most recent due period waits to be
+-- issued), the last period issued and when, and how many due periods the
+-- scheduler will not bill by itself (see due_periods()).
+CREATE FUNCTION billguard.scheduler_state(
+    OUT enabled boolean, OUT bill_day integer, OUT bill_hour_utc integer,
+    OUT next_bill_at timestamptz, OUT last_period_issued text,
+    OUT last_period_issued_at timestamptz, OUT missed_periods bigint)
+  LANGUAGE plpgsql STABLE SECURITY DEFINER
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+DECLARE
+  schedule record;
+  state    jsonb := billguard.entity_state('billing-scheduler');
+BEGIN
+  SELECT * INTO schedule FROM billguard.current_schedule();
+  enabled := schedule.auto_bill = 'monthly';
+  bill_day := schedule.bill_day;
+  bill_hour_utc := schedule.bill_hour_utc;
+  next_bill_at := CASE WHEN NOT enabled THEN NULL
+                       WHEN (state -> 'issued_periods') ? schedule.due_period THEN schedule.next_due_at
+                       ELSE schedule.due_at END;
+  last_period_issued := state ->> 'last_issued_period';
+  last_period_issued_at := (state ->> 'last_issued_at')::timestamptz;
+  -- Without reading billing_records: the view may be polled.
+  missed_periods := cardinality(array_remove(
+    billguard.never_issued(schedule.due_period,
+                           coalesce(state -> 'issued_periods', '[]'::jsonb)),
+    CASE WHEN enabled THEN schedule.due_period END));
+END $$;
+
+CREATE VIEW billguard.scheduler_status AS
+SELECT s.enabled, s.bill_day, s.bill_hour_utc, s.next_bill_at, s.last_period_issued,
+       s.last_period_issued_at, s.missed_periods
+  FROM billguard.scheduler_state() s;
+COMMENT ON VIEW billguard.scheduler_status IS
+  'The scheduler of this database: enabled, when it bills next, the last period issued, older due periods never issued.';
+
+-- As in a fresh install, nothing of the above is granted to PUBLIC (only
+-- what this section creates).
+REVOKE ALL ON FUNCTION
+  billguard.upcast_state(jsonb, integer),
+  billguard.scheduler_settings(),
+  billguard.bill_instant(text, integer, integer),
+  billguard.scheduler_calendar(timestamptz, integer, integer),
+  billguard.current_schedule(),
+  billguard.scheduler_tick(),
+  billguard.never_issued(text, jsonb),
+  billguard.due_periods(),
+  billguard.scheduler_state()
+FROM PUBLIC;
+REVOKE ALL ON billguard.scheduler_status FROM PUBLIC;
+
+-- ==== Answers for callers and Stripe webhooks (issue 7) ====
+
+-- The statuses a record leaves only by a person's decision (retry_record,
+-- resolve_record): what await_billing waits for.
+CREATE FUNCTION billguard.is_terminal_status(status text) RETURNS boolean
+  LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  RETURN status IN ('completed', 'failed', 'blocked', 'needs_review', 'cancelled');
+
+-- Remembers the record's wake-up slot; the transaction's COMMIT wakes the
+-- callers waiting on it. A C function, fired only on a move to a terminal
+-- status, so the dispatcher's claims and retries never call it. BEFORE, not
+-- AFTER: it shares the old row that billing_records_frozen_identity has
+-- fetched already, where an AFTER trigger would fetch it again for every
+-- update of the dispatcher's, and queue an event for each move it announces.
+-- Triggers fire in name order, so it comes after that check; what it arms
+-- happens only at COMMIT, and a row that is not written after all only
+-- makes waiters read again. The WHEN clause spells out is_terminal_status():
+-- a function with SET search_path is never inlined, and this clause is
+-- evaluated for every update of the dispatcher's.
+CREATE FUNCTION billguard.announce_terminal_status() RETURNS trigger
+  LANGUAGE c
+  SET search_path = pg_catalog, pg_temp
+  AS 'MODULE_PATHNAME', 'billguard_announce_terminal_status';
+
+CREATE TRIGGER billing_records_terminal_wakeup BEFORE UPDATE OF status ON billguard.billing_records
+  FOR EACH ROW
+  WHEN (OLD.status IS DISTINCT FROM NEW.status
+        AND NEW.status IN ('completed', 'failed', 'blocked', 'needs_review', 'cancelled'))
+  EXECUTE FUNCTION billguard.announce_terminal_status();
+
+-- The count of announcing commits for the record's wake-up slot, read before
+-- the record; NULL when billguard is not preloaded.
+CREATE FUNCTION billguard.terminal_commits(customer_id text, billing_period text) RETURNS bigint
+  LANGUAGE c VOLATILE STRICT
+  SET search_path = pg_catalog, pg_temp
+  AS 'MODULE_PATHNAME', 'billguard_terminal_commits';
+
+-- Sleeps until a commit beyond `seen` is announced for the record's slot
+-- (true) or the deadline passes (false); cancellable.
+CREATE FUNCTION billguard.await_terminal_commit(customer_id text, billing_period text, seen bigint,
+                                                deadline timestamptz)
+  RETURNS boolean
+  LANGUAGE c VOLATILE STRICT
+  SET search_path = pg_catalog, pg_temp
+  AS 'MODULE_PATHNAME', 'billguard_await_terminal_commit';
+
+-- Whether the caller's open transaction wrote this row version.
+CREATE FUNCTION billguard.written_by_this_transaction(row_xmin xid) RETURNS boolean
+  LANGUAGE c STABLE STRICT
+  SET search_path = pg_catalog, pg_temp
+  AS 'MODULE_PATHNAME', 'billguard_written_by_this_transaction';
+
+-- The outcome of (customer_id, billing_period): its status and charge id as
+-- soon as the record is terminal, or ('in_progress', NULL) once `timeout`
+-- has passed. Each pass reads the record with a fresh snapshot (READ
+-- COMMITTED) after reading its wake-up count, so the commit that makes it
+-- terminal is never missed. Where no commit could ever show this caller a
+-- change, it refuses to wait rather than sleep for nothing: in a REPEATABLE
+-- READ or SERIALIZABLE transaction (its snapshot is fixed), when the caller's
+-- own open transaction wrote the record (no one else can finish it before it
+-- commits), and without shared_preload_libraries (no dispatcher runs and no
+-- commit is announced). A terminal record, or timeout 0, is answered in all
+-- of these.
+CREATE FUNCTION billguard.await_billing(customer_id text, billing_period text,
+                                        timeout interval DEFAULT '30 s')
+  RETURNS TABLE (status text, charge_id text)
+  LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+  customer text := await_billing.customer_id;
+  period   text := await_billing.billing_period;
+  deadline timestamptz;
+  seen     bigint;
+  rec      record;
+BEGIN
+  IF customer IS NULL THEN
+    RAISE EXCEPTION 'customer_id must not be NULL' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  PERFORM billguard.check_billing_period(period);
+  IF await_billing.timeout IS NULL OR await_billing.timeout < interval '0' THEN
+    RAISE EXCEPTION 'timeout must be an interval of zero or more, got %',
+                    coalesce(await_billing.timeout::text, 'NULL')
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  deadline := clock_timestamp() + await_billing.timeout;
+  LOOP
+    seen := billguard.terminal_commits(customer, period);
+    SELECT r.status, r.charge_id, r.xmin AS row_xmin INTO rec
+      FROM billguard.billing_records r
+     WHERE r.customer_id = customer AND r.billing_period = period;
+    IF NOT FOUND THEN
+      RAISE EXCEPTION 'no billing record for % in %', quote_literal(left(customer, 64)), period
+        USING ERRCODE = 'no_data_found',
+              HINT = 'bill_customer() or bill_period() claims it; await_billing() only waits.';
+    END IF;
+    IF billguard.is_terminal_status(rec.status) THEN
+      RETURN QUERY SELECT rec.status, rec.charge_id;
+      RETURN;
+    END IF;
+    IF clock_timestamp() >= deadline THEN
+      RETURN QUERY SELECT 'in_progress'::text, NULL::text;
+      RETURN;
+    END IF;
+    IF seen IS NULL THEN
+      RAISE EXCEPTION 'await_billing cannot wait: billguard is not in shared_preload_libraries'
+        USING ERRCODE = 'object_not_in_prerequisite_state',
+              HINT = 'Without it no dispatcher runs; timeout 0 reads the status without waiting.';
+    END IF;
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+      RAISE EXCEPTION 'await_billing cannot wait in a % transaction: its snapshot never shows the record change',
+                      upper(current_setting('transaction_isolation'))
+        USING ERRCODE = 'invalid_transaction_state',
+              HINT = 'Call it in READ COMMITTED, or with timeout 0 to read the status this snapshot shows.';
+    END IF;
+    IF billguard.written_by_this_transaction(rec.row_xmin) THEN
+      RAISE EXCEPTION 'await_billing cannot wait: this transaction wrote the billing record of % in % and has not committed',
+                      quote_literal(left(customer, 64)), period
+        USING ERRCODE = 'invalid_transaction_state',
+              HINT = 'Commit the bill_customer() call first, then await_billing() in a new transaction.';
+    END IF;
+    PERFORM billguard.await_terminal_commit(customer, period, seen, deadline);
+  END LOOP;
+END $$;
+COMMENT ON FUNCTION billguard.await_billing(text, text, interval) IS
+  'Waits for the billing of (customer_id, billing_period) to end: (status, charge_id) once terminal, (in_progress, NULL) at the timeout.';
+
+-- Stripe webhooks: Stripe's own word on the charges billguard made. A
+-- delivery is verified (Stripe-Signature), applied once per Stripe event id
+-- to the record its object's metadata.billguard_key names, journaled as
+-- WebhookApplied and kept in stripe_events. It can settle a record billguard
+-- does not know the outcome of (unknown, needs_review), and it records
+-- refunds; it never turns a completed record into anything else.
+
+-- 22023 unless Stripe signed `payload` with the secret of
+-- billguard.webhook_secret_file within the last five minutes; 55000 when
+-- that setting names no usable secret (extension/stripe_webhook_signature.cpp).
+CREATE FUNCTION billguard.verify_stripe_signature(payload text, signature_header text)
+  RETURNS void
+  LANGUAGE c VOLATILE
+  SET search_path = pg_catalog, pg_temp
+  AS 'MODULE_PATHNAME', 'billguard_verify_stripe_signature';
+
+-- Every event applied, by Stripe's event id: what makes a delivery that
+-- comes again (Stripe delivers at least once) change nothing. What the
+-- event did to its record is `effect`:
+--   completed     the record became completed with the event's charge
+--   failed        an unknown or needs_review record: Stripe declined it
+--   refunded      a refund of the record's charge (the record stays, or
+--                 first becomes, completed; the period is not billed again)
+--   confirmed     the event says what the record says already
+--   unchanged     a failure while the dispatcher still has the record: it
+--                 hears the same from Stripe under the same key
+--   kept          the event contradicts a settled record, which keeps its
+--                 status (a failure of a completed record's own charge, a
+--                 decline of a cancelled or blocked one): a person should look
+--   other_charge  a success or refund of another charge than the completed
+--                 record's: a second charge with one key, for a person
+--   mismatch      the object's amount or currency differ from the record's
+-- The payload itself is not kept (a PaymentIntent carries its client_secret).
+CREATE TABLE billguard.stripe_events (
+  event_id              text NOT NULL,
+  event_type            text NOT NULL,
+  object_id             text NOT NULL,  -- the PaymentIntent or Charge
+  customer_id           text NOT NULL,
+  billing_period        text NOT NULL,
+  idempotency_key       text NOT NULL,
+  effect                text NOT NULL,
+  detail                text,           -- the decline, or why nothing changed
+  amount_refunded_cents bigint,         -- charge.refunded: refunded so far
+  stripe_created_at     timestamptz NOT NULL,
+  received_at           timestamptz NOT NULL DEFAULT now(),
+  CONSTRAINT stripe_events_pk PRIMARY KEY (event_id),
+  CONSTRAINT stripe_events_effect_valid CHECK (effect IN
+    ('completed', 'failed', 'refunded', 'confirmed', 'unchanged', 'kept', 'other_charge', 'mismatch'))
+);
+COMMENT ON TABLE billguard.stripe_events IS
+  'Stripe webhook events applied to billing records, once per event id, with what each did.';
+CREATE INDEX stripe_events_billing ON billguard.stripe_events (customer_id, billing_period);
+
+-- The webhook event types billguard applies, and what each says happened.
+CREATE FUNCTION billguard.stripe_event_outcome(event_type text) RETURNS text
+  LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  RETURN CASE event_type
+    WHEN 'payment_intent.succeeded' THEN 'charged'
+    WHEN 'charge.succeeded' THEN 'charged'
+    WHEN 'payment_intent.payment_failed' THEN 'declined'
+    WHEN 'charge.failed' THEN 'declined'
+    WHEN 'charge.refunded' THEN 'refunded'
+  END;
+
+-- The payload as jsonb, or 22023 naming what keeps it from being a Stripe
+-- event billguard can apply.
+CREATE FUNCTION billguard.stripe_event_json(payload text) RETURNS jsonb
+  LANGUAGE plpgsql IMMUTABLE
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+DECLARE
+  event   jsonb;
+  object  jsonb;
+  problem text;
+BEGIN
+  BEGIN
+    event := payload::jsonb;
+  EXCEPTION WHEN invalid_text_representation OR untranslatable_character THEN
+    RAISE EXCEPTION 'the webhook payload is not JSON: %', SQLERRM
+      USING ERRCODE = 'invalid_parameter_value';
+  END;
+  object := event -> 'data' -> 'object';
+  problem := CASE
+    WHEN jsonb_typeof(event) IS DISTINCT FROM 'object' THEN 'it is not a JSON object'
+    WHEN coalesce(event ->> 'id', '') !~ '^evt_[A-Za-z0-9_]{1,250}$' THEN 'id is not an event id (evt_...)'
+    WHEN jsonb_typeof(event -> 'type') IS DISTINCT FROM 'string' THEN 'type is missing'
+    WHEN jsonb_typeof(event -> 'created') IS DISTINCT FROM 'number'
+      OR (event ->> 'created') !~ '^[0-9]{1,12}$' THEN 'created is not a unix time'
+    WHEN jsonb_typeof(object) IS DISTINCT FROM 'object' THEN 'data.object is missing'
+  END;
+  IF problem IS NULL AND billguard.stripe_event_outcome(event ->> 'type') IS NOT NULL THEN
+    problem := CASE
+      WHEN object ->> 'object' IS DISTINCT FROM split_part(event ->> 'type', '.', 1)
+        THEN format('data.object is not a %s', split_part(event ->> 'type', '.', 1))
+      WHEN coalesce(object ->> 'id', '') !~ '^(pi|ch)_[A-Za-z0-9_]{1,250}$'
+        THEN 'data.object.id is not a PaymentIntent or Charge id'
+      WHEN jsonb_typeof(object -> 'amount') IS DISTINCT FROM 'number'
+        OR (object ->> 'amount') !~ '^[0-9]{1,15}$' THEN 'data.object.amount is not an amount in cents'
+      WHEN jsonb_typeof(object -> 'currency') IS DISTINCT FROM 'string' THEN 'data.object.currency is missing'
+      WHEN jsonb_typeof(object -> 'metadata') IS DISTINCT FROM 'object' THEN 'data.object.metadata is missing'
+      WHEN object -> 'metadata' ? 'billguard_key'
+       AND coalesce(object -> 'metadata' ->> 'billguard_key', '') !~ '^[0-9a-f]{32}$'
+        THEN 'data.object.metadata.billguard_key is not a billguard key'
+      WHEN event ->> 'type' = 'charge.refunded'
+       AND (jsonb_typeof(object -> 'amount_refunded') IS DISTINCT FROM 'number'
+            OR (object ->> 'amount_refunded') !~ '^[0-9]{1,15}$')
+        THEN 'data.object.amount_refunded is not an amount in cents'
+    END;
+  END IF;
+  IF problem IS NOT NULL THEN
+    RAISE EXCEPTION 'the webhook payload is not a Stripe event billguard can apply: %', problem
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  RETURN event;
+END $$;
+
+-- The charge id a record holds for the event's object: the PaymentIntent's
+-- id for a record sent to /v1/payment_intents (a Charge names it in
+-- payment_intent), the Charge's own id for one sent to /v1/charges.
+CREATE FUNCTION billguard.stripe_event_charge_id(object jsonb) RETURNS text
+  LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  RETURN CASE WHEN object ->> 'object' = 'charge'
+              THEN coalesce(object ->> 'payment_intent', object ->> 'id')
+              ELSE object ->> 'id' END;
+
+-- Why Stripe declined, in one line like last_error's, e.g.
+-- "card_declined/generic_decline: Your card was declined."
+CREATE FUNCTION billguard.stripe_event_decline(object jsonb) RETURNS text
+  LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  RETURN concat_ws(': ',
+    nullif(concat_ws('/', coalesce(object -> 'last_payment_error' ->> 'code', object ->> 'failure_code'),
+                     object -> 'last_payment_error' ->> 'decline_code'), ''),
+    coalesce(object -> 'last_payment_error' ->> 'message', object ->> 'failure_message'));
+
+-- Applies a verified event to its record, which the caller holds locked;
+-- returns the effect (see stripe_events).
+CREATE FUNCTION billguard.apply_stripe_event(rec billguard.billing_records, event jsonb)
+  RETURNS text
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+DECLARE
+  object   jsonb := event -> 'data' -> 'object';
+  outcome  text := billguard.stripe_event_outcome(event ->> 'type');
+  charge   text := billguard.stripe_event_charge_id(object);
+  refunded bigint := CASE WHEN outcome = 'refunded' THEN (object ->> 'amount_refunded')::bigint END;
+  effect   text;
+  detail   text;
+BEGIN
+  IF (object ->> 'amount')::bigint <> rec.amount_cents OR object ->> 'currency' <> rec.currency THEN
+    effect := 'mismatch';
+    detail := format('the event is about %s %s, the record about %s %s',
+                     object ->> 'amount', object ->> 'currency', rec.amount_cents, rec.currency);
+  ELSIF outcome IN ('charged', 'refunded') AND rec.status = 'completed' THEN
+    effect := CASE WHEN charge <> rec.charge_id THEN 'other_charge'
+                   WHEN outcome = 'refunded' THEN 'refunded' ELSE 'confirmed' END;
+    IF effect = 'other_charge' THEN
+      detail := format('charge %s, while the record completed with %s', charge, rec.charge_id);
+    END IF;
+  ELSIF outcome IN ('charged', 'refunded') THEN
+    -- Stripe charged the customer under this key: the record says so, whatever
+    -- billguard believed (a cached 500, a review, a backup restored from
+    -- before the charge was recorded).
+    UPDATE billguard.billing_records r
+       SET status = 'completed', charge_id = charge, completed_at = now(), next_attempt_at = NULL,
+           lease_expires_at = NULL, last_error = NULL, updated_at = now()
+     WHERE r.idempotency_key = rec.idempotency_key;
+    effect := CASE WHEN outcome = 'refunded' THEN 'refunded' ELSE 'completed' END;
+  ELSIF rec.status IN ('unknown', 'needs_review') THEN
+    detail := billguard.stripe_event_decline(object);
+    UPDATE billguard.billing_records r
+       SET status = 'failed', next_attempt_at = NULL, lease_expires_at = NULL, updated_at = now(),
+           last_error = concat_ws(' ', 'webhook', event ->> 'type', nullif(detail, ''))
+     WHERE r.idempotency_key = rec.idempotency_key;
+    effect := 'failed';
+  ELSIF rec.status = 'failed' THEN
+    effect := 'confirmed';
+  ELSIF rec.status IN ('pending', 'dispatching') THEN
+    effect := 'unchanged';
+  ELSE
+    effect := 'kept';
+    detail := format('a %s for a %s record', event ->> 'type', rec.status);
+  END IF;
+  IF effect IN ('kept', 'other_charge', 'mismatch') THEN
+    RAISE WARNING 'billguard webhook: % (%) for %/% changed nothing: %', event ->> 'id',
+                  event ->> 'type', rec.customer_id, rec.billing_period, detail
+      USING HINT = 'A person should compare the record with Stripe''s dashboard.';
+  END IF;
+
+  INSERT INTO billguard.stripe_events (event_id, event_type, object_id, customer_id, billing_period,
+                                       idempotency_key, effect, detail, amount_refunded_cents,
+                                       stripe_created_at)
+  VALUES (event ->> 'id', event ->> 'type', object ->> 'id', rec.customer_id, rec.billing_period,
+          rec.idempotency_key, effect, nullif(detail, ''), refunded,
+          to_timestamp((event ->> 'created')::bigint));
+  PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'WebhookApplied',
+    jsonb_strip_nulls(jsonb_build_object(
+      'event_id', event ->> 'id', 'event_type', event ->> 'type', 'object_id', object ->> 'id',
+      'effect', effect, 'previous_status', rec.status,
+      'charge_id', CASE WHEN outcome IN ('charged', 'refunded') THEN charge END,
+      'amount_refunded_cents', refunded,
+      'fully_refunded', CASE WHEN outcome = 'refunded' THEN refunded >= rec.amount_cents END,
+      'detail', nullif(detail, ''))));
+  RETURN effect;
+END $$;
+
+-- A delivery of Stripe's webhook endpoint, as billguard-proxy passes it on
+-- (POST /webhooks/stripe): the raw body and the Stripe-Signature header.
+-- Returns the effect on the record (see stripe_events), 'already_seen' for
+-- an event applied before, or 'ignored' for an event about something
+-- billguard did not charge (another type, an object without
+-- metadata.billguard_key). A bad signature, a stale timestamp or a payload
+-- that is not such an event is 22023, a key no record holds P0002; nothing
+-- changes then.
+CREATE FUNCTION billguard.ingest_stripe_event(payload text, signature_header text)
+  RETURNS text
+  LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  event jsonb;
+  key   text;
+  rec   billguard.billing_records;
+BEGIN
+  PERFORM billguard.verify_stripe_signature(payload, signature_header);
+  event := billguard.stripe_event_json(payload);
+  key := event -> 'data' -> 'object' -> 'metadata' ->> 'billguard_key';
+  IF billguard.stripe_event_outcome(event ->> 'type') IS NULL OR key IS NULL THEN
+    RETURN 'ignored';
+  END IF;
+  -- The record's lock serialises every event of one billing, and the
+  -- dispatcher's answers with them; a second delivery of the same event
+  -- finds the first one's row once it holds the lock.
+  SELECT * INTO rec FROM billguard.billing_records r WHERE r.idempotency_key = key FOR UPDATE;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'no billing record has the key % that event % names', key, event ->> 'id'
+      USING ERRCODE = 'no_data_found',
+            HINT = 'The event is for another database or key namespace billing through this Stripe account.';
+  END IF;
+  IF EXISTS (SELECT FROM billguard.stripe_events e WHERE e.event_id = event ->> 'id') THEN
+    RETURN 'already_seen';
+  END IF;
+  RETURN billguard.apply_stripe_event(rec, event);
+END $$;
+COMMENT ON FUNCTION billguard.ingest_stripe_event(text, text) IS
+  'Verifies a Stripe webhook delivery and applies its event once to the billing record it names.';
+
+SELECT pg_catalog.pg_extension_config_dump('billguard.stripe_events', '');
+
+-- The fold knows WebhookApplied (and, as the section before made it, the
+-- scheduler's last issued period).
+-- One step of the fold. Pure: the same events always give the same state.
+CREATE OR REPLACE FUNCTION billguard.apply_event(state jsonb, event_type text, event jsonb) RETURNS jsonb
+  LANGUAGE sql IMMUTABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  RETURN CASE event_type
+    WHEN 'BillingInitiated' THEN state || jsonb_build_object(
+      'status', 'in_progress',
+      'customer_id', event -> 'customer_id',
+      'billing_period', event -> 'billing_period',
+      'idempotency_key', event -> 'idempotency_key',
+      'amount_cents', event -> 'amount_cents',
+      'currency', event -> 'currency',
+      'initiated_at', event -> 'initiated_at')
+    WHEN 'ChargeAttempted' THEN state || jsonb_build_object(
+      'attempts', coalesce(event -> 'attempt', to_jsonb(coalesce((state ->> 'attempts')::int, 0) + 1)))
+    WHEN 'BillingCompleted' THEN state || jsonb_build_object(
+      'status', 'completed', 'charge_id', event -> 'charge_id')
+    WHEN 'ChargeReconciled' THEN state || jsonb_build_object(
+      'status', 'completed', 'charge_id', event -> 'charge_id')
+    WHEN 'ReviewResolved' THEN state || jsonb_build_object(
+      'status', 'completed', 'charge_id', event -> 'charge_id')
+    WHEN 'BillingFailed' THEN state || jsonb_build_object(
+      'status', CASE WHEN (event ->> 'terminal')::boolean THEN 'failed' ELSE state ->> 'status' END,
+      'last_error', event - 'terminal')
+    WHEN 'ChargeUnknown' THEN state || jsonb_build_object('status', 'unknown')
+    WHEN 'NeedsReview' THEN state || jsonb_build_object('status', 'needs_review')
+    WHEN 'BillingBlocked' THEN state || jsonb_build_object('status', 'blocked')
+    WHEN 'RecordRequeued' THEN state || jsonb_build_object('status', 'in_progress')
+    WHEN 'BillingCancelled' THEN state || jsonb_build_object('status', 'cancelled')
+    WHEN 'WebhookApplied' THEN state || jsonb_strip_nulls(jsonb_build_object(
+      'status', CASE WHEN event ->> 'effect' IN ('completed', 'refunded') THEN 'completed'
+                     WHEN event ->> 'effect' = 'failed' THEN 'failed' END,
+      'charge_id', CASE WHEN event ->> 'effect' IN ('completed', 'refunded') THEN event -> 'charge_id' END,
+      'refunded_cents', CASE WHEN event ->> 'effect' = 'refunded' THEN event -> 'amount_refunded_cents' END))
+    WHEN 'BillingTickIssued' THEN jsonb_set(state, '{issued_periods}',
+      CASE WHEN (state -> 'issued_periods') ? (event ->> 'billing_period')
+           THEN state -> 'issued_periods'
+           ELSE coalesce(state -> 'issued_periods', '[]'::jsonb) || jsonb_build_array(event -> 'billing_period')
+      END)
+      || CASE WHEN event ->> 'billing_period' >= coalesce(state ->> 'last_issued_period', '')
+              THEN jsonb_build_object('last_issued_period', event -> 'billing_period',
+                                      'last_issued_at', event -> 'issued_at')
+              ELSE '{}'::jsonb
+         END
+    ELSE state
+  END || jsonb_build_object('last_event_type', event_type);
+
+-- As in a fresh install, nothing of the above is granted to PUBLIC (only the
+-- objects this section creates; see the dispatch path's section).
+REVOKE ALL ON FUNCTION
+  billguard.is_terminal_status(text),
+  billguard.announce_terminal_status(),
+  billguard.terminal_commits(text, text),
+  billguard.await_terminal_commit(text, text, bigint, timestamptz),
+  billguard.written_by_this_transaction(xid),
+  billguard.await_billing(text, text, interval),
+  billguard.verify_stripe_signature(text, text),
+  billguard.stripe_event_outcome(text),
+  billguard.stripe_event_json(text),
+  billguard.stripe_event_charge_id(jsonb),
+  billguard.stripe_event_decline(jsonb),
+  billguard.apply_stripe_event(billguard.billing_records, jsonb),
+  billguard.ingest_stripe_event(text, text)
+FROM PUBLIC;
+REVOKE ALL ON TABLE billguard.stripe_events FROM PUBLIC;

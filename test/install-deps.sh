@@ -3,10 +3,11 @@
 # Quiet and quick when they are all present already.
 set -euo pipefail
 packages=(
-  postgresql-15 postgresql-server-dev-15 postgresql-15-pgtap
+  postgresql-15 postgresql-server-dev-15 postgresql-15-pgtap postgresql-15-auto-failover
   libtap-parser-sourcehandler-pgtap-perl libipc-run-perl
   libssl-dev libcurl4-openssl-dev libpqxx-dev libcpp-httplib-dev nlohmann-json3-dev
   g++ make clang-14 llvm-14 clang-format curl
+  openssl  # its command line signs the webhook tests' deliveries, independently of billguard
   prometheus wrk
 )
 # The proxy's real-client test runs the official stripe package on Node.js.

@@ -9,8 +9,8 @@ namespace billguard::proxy {
 const char* const kUsage =
     "usage: billguard-proxy --listen HOST:PORT --database CONNINFO --upstream URL\n"
     "                       --upstream-key-file PATH --admin-token-file PATH\n"
-    "                       [--issuer-token-file PATH] [--upstream-timeout SECONDS]\n"
-    "                       [--threads N] [--database-pool N]\n"
+    "                       [--issuer-token-file PATH] [--webhook-database CONNINFO]\n"
+    "                       [--upstream-timeout SECONDS] [--threads N] [--database-pool N]\n"
     "       billguard-proxy --help\n"
     "\n"
     "The spend-cap proxy: holds the real Stripe key, issues per-period vault keys\n"
@@ -27,15 +27,21 @@ const char* const kUsage =
     "  --admin-token-file PATH   token that issues keys, reads and revokes them and\n"
     "                            raises caps\n"
     "  --issuer-token-file PATH  token that may only issue keys\n"
+    "  --webhook-database CONNINFO\n"
+    "                            the billing database: serve POST /webhooks/stripe,\n"
+    "                            Stripe's webhook deliveries, passed to its\n"
+    "                            billguard.ingest_stripe_event() (no vault key: the\n"
+    "                            database checks Stripe's signature)\n"
     "  --upstream-timeout S      seconds to wait for Stripe before answering 502 (20)\n"
     "  --threads N               requests served at once (64)\n"
-    "  --database-pool N         connections to the database (8)\n"
+    "  --database-pool N         connections to each database (8)\n"
     "\n"
     "Secret files must be readable by their owner only (chmod 600); tokens are at\n"
     "least 24 characters.\n"
     "\n"
     "HTTP: POST /keys, GET|DELETE|POST /keys/{key_id} (admin), /v1/... with\n"
-    "Authorization: Bearer vk_..., GET /healthz, GET /metrics.\n";
+    "Authorization: Bearer vk_..., POST /webhooks/stripe (with --webhook-database),\n"
+    "GET /healthz, GET /metrics.\n";
 
 namespace {
 
@@ -63,7 +69,7 @@ Options ParseCommandLine(int argc, char** argv) {
     static const char* const kFlags[] = {
         "--listen",           "--database",          "--upstream",         "--upstream-key-file",
         "--admin-token-file", "--issuer-token-file", "--upstream-timeout", "--threads",
-        "--database-pool"};
+        "--database-pool",    "--webhook-database"};
     bool known = false;
     for (const char* name : kFlags) known = known || flag == name;
     if (!known) throw UsageError("unknown option " + flag);
@@ -89,6 +95,8 @@ Options ParseCommandLine(int argc, char** argv) {
   if (values.count("--issuer-token-file") != 0) {
     options.issuer_token_file = values["--issuer-token-file"];
   }
+  if (values.count("--webhook-database") != 0)
+    options.webhook_database = values["--webhook-database"];
   if (values.count("--upstream-timeout") != 0) {
     options.upstream_timeout_s =
         ParseInt("--upstream-timeout", values["--upstream-timeout"], 1, 600);

@@ -18,6 +18,7 @@
 #include "keys_api.hpp"
 #include "secret_flags.hpp"
 #include "stripe_errors.hpp"
+#include "webhooks.hpp"
 
 namespace bp = billguard::proxy;
 
@@ -122,6 +123,11 @@ int main(int argc, char** argv) {
     }
     bp::Ledger ledger(options.database, static_cast<std::size_t>(options.database_pool));
     ledger.CheckSchema();
+    std::optional<bp::WebhookInbox> webhooks;
+    if (!options.webhook_database.empty()) {
+      webhooks.emplace(options.webhook_database, static_cast<std::size_t>(options.database_pool));
+      webhooks->CheckSchema();
+    }
     billguard::InitializeHttp();
     const bp::Upstream upstream(options.upstream, upstream_key, options.upstream_timeout_s * 1000L);
     bp::Metrics metrics;
@@ -142,6 +148,7 @@ int main(int argc, char** argv) {
     server.Post("/v1/.*", forward);
     server.Delete("/v1/.*", forward);
     bp::RegisterKeysApi(server, context);
+    if (webhooks) bp::RegisterWebhookEndpoint(server, *webhooks, metrics);
     ServeHealthAndMetrics(server, context);
     AnswerLibraryErrors(server);
 

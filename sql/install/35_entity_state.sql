@@ -2,19 +2,24 @@
 -- The state is a read model for people and tools: billing_records, not a
 -- snapshot, decides whether a charge may be sent.
 
--- Bumped whenever apply_event's state shape changes; older snapshots are
--- then ignored and the state is folded from the journal.
+-- The shape of the state apply_event folds; every snapshot records the
+-- version it was saved with. Bumped whenever the shape changes, with a step
+-- in upcast_state that brings older snapshots to it: retention deletes the
+-- events a snapshot covers, so an older snapshot cannot be skipped.
+--   1  0.1.0
+--   2  the scheduler entity keeps last_issued_period and last_issued_at
 CREATE FUNCTION billguard.state_version() RETURNS integer
   LANGUAGE sql IMMUTABLE PARALLEL SAFE
   SET search_path = pg_catalog, pg_temp
-  RETURN 1;
+  RETURN 2;
 
 CREATE FUNCTION billguard.initial_state(persistence_id text) RETURNS jsonb
   LANGUAGE sql IMMUTABLE PARALLEL SAFE
   SET search_path = pg_catalog, pg_temp
   RETURN CASE
     WHEN persistence_id = 'billing-scheduler'
-      THEN jsonb_build_object('entity', 'billing-scheduler', 'issued_periods', '[]'::jsonb)
+      THEN jsonb_build_object('entity', 'billing-scheduler', 'issued_periods', '[]'::jsonb,
+                              'last_issued_period', NULL, 'last_issued_at', NULL)
     WHEN persistence_id LIKE 'billing-%'
       THEN jsonb_build_object('entity', 'billing', 'status', 'new', 'attempts', 0)
     ELSE jsonb_build_object('entity', 'unknown')
@@ -49,13 +54,43 @@ CREATE FUNCTION billguard.apply_event(state jsonb, event_type text, event jsonb)
     WHEN 'BillingBlocked' THEN state || jsonb_build_object('status', 'blocked')
     WHEN 'RecordRequeued' THEN state || jsonb_build_object('status', 'in_progress')
     WHEN 'BillingCancelled' THEN state || jsonb_build_object('status', 'cancelled')
+    WHEN 'WebhookApplied' THEN state || jsonb_strip_nulls(jsonb_build_object(
+      'status', CASE WHEN event ->> 'effect' IN ('completed', 'refunded') THEN 'completed'
+                     WHEN event ->> 'effect' = 'failed' THEN 'failed' END,
+      'charge_id', CASE WHEN event ->> 'effect' IN ('completed', 'refunded') THEN event -> 'charge_id' END,
+      'refunded_cents', CASE WHEN event ->> 'effect' = 'refunded' THEN event -> 'amount_refunded_cents' END))
     WHEN 'BillingTickIssued' THEN jsonb_set(state, '{issued_periods}',
       CASE WHEN (state -> 'issued_periods') ? (event ->> 'billing_period')
            THEN state -> 'issued_periods'
            ELSE coalesce(state -> 'issued_periods', '[]'::jsonb) || jsonb_build_array(event -> 'billing_period')
       END)
+      || CASE WHEN event ->> 'billing_period' >= coalesce(state ->> 'last_issued_period', '')
+              THEN jsonb_build_object('last_issued_period', event -> 'billing_period',
+                                      'last_issued_at', event -> 'issued_at')
+              ELSE '{}'::jsonb
+         END
     ELSE state
   END || jsonb_build_object('last_event_type', event_type);
+
+-- A snapshot's state of an older state_version in the current shape, one
+-- step per version:
+--   1 -> 2  the scheduler entity's last_issued_period is the greatest of its
+--           issued_periods, last_issued_at unknown. A state without
+--           issued_periods (a malformed or hand-made snapshot) gets none:
+--           billing_records, not the state, keeps those periods from being
+--           billed twice.
+CREATE FUNCTION billguard.upcast_state(state jsonb, state_version integer) RETURNS jsonb
+  LANGUAGE sql IMMUTABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  RETURN CASE
+    WHEN state_version >= 2 OR state ->> 'entity' IS DISTINCT FROM 'billing-scheduler' THEN state
+    ELSE state || jsonb_build_object(
+      'issued_periods', coalesce(state -> 'issued_periods', '[]'::jsonb),
+      'last_issued_period',
+        (SELECT max(p.period) FROM jsonb_array_elements_text(
+           coalesce(state -> 'issued_periods', '[]'::jsonb)) AS p(period)),
+      'last_issued_at', NULL)
+  END;
 
 CREATE FUNCTION billguard.entity_state(persistence_id text) RETURNS jsonb
   LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -68,9 +103,9 @@ BEGIN
   IF pid IS NULL THEN
     RAISE EXCEPTION 'persistence_id must not be NULL' USING ERRCODE = 'invalid_parameter_value';
   END IF;
-  SELECT s.state, s.seq_nr INTO state, seq
+  SELECT billguard.upcast_state(s.state, s.state_version), s.seq_nr INTO state, seq
     FROM billguard.snapshots s
-   WHERE s.persistence_id = pid AND s.state_version = billguard.state_version()
+   WHERE s.persistence_id = pid AND s.state_version <= billguard.state_version()
    ORDER BY s.seq_nr DESC LIMIT 1;
   IF NOT FOUND THEN
     state := billguard.initial_state(pid);
@@ -84,7 +119,7 @@ BEGIN
   RETURN state || jsonb_build_object('persistence_id', pid, 'seq_nr', seq);
 END $$;
 COMMENT ON FUNCTION billguard.entity_state(text) IS
-  'Folded state of an entity: its latest snapshot plus the events after it.';
+  'Folded state of an entity: its latest snapshot, upcast to the current state_version, plus the events after it.';
 
 CREATE FUNCTION billguard.save_snapshot(persistence_id text) RETURNS bigint
   LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -122,7 +157,7 @@ BEGIN
   END IF;
   SELECT min(k.seq_nr) INTO covered_to FROM (
     SELECT s.seq_nr FROM billguard.snapshots s
-     WHERE s.persistence_id = pid AND s.state_version = billguard.state_version()
+     WHERE s.persistence_id = pid AND s.state_version <= billguard.state_version()
      ORDER BY s.seq_nr DESC LIMIT keep_snapshots) k;
   IF covered_to IS NULL THEN
     snapshots_deleted := 0; events_deleted := 0;

@@ -21,7 +21,8 @@ our @EXPORT = qw(billguard_node add_accounts start_gate release_gate race_psql f
 
 # A started node with billguard preloaded and created in database postgres.
 # Options, if the first of @conf is a hash: extension_version => '0.1.0'
-# creates that version instead of the default. $before_start, if given next,
+# creates that version instead of the default; allows_streaming => 1 makes a
+# primary a streaming replica can be made from. $before_start, if given next,
 # runs with the initialised node before it starts and returns more
 # postgresql.conf lines.
 sub billguard_node {
@@ -29,7 +30,7 @@ sub billguard_node {
 	my %options = ref $conf[0] eq 'HASH' ? %{ shift @conf } : ();
 	my $before_start = ref $conf[0] eq 'CODE' ? shift @conf : sub { () };
 	my $node = PostgreSQL::Test::Cluster->new($name);
-	$node->init;
+	$node->init(allows_streaming => $options{allows_streaming} // 0);
 	$node->append_conf('postgresql.conf', join("\n",
 		"shared_preload_libraries = 'billguard'",
 		"fsync = off",
@@ -164,14 +165,15 @@ sub start_gate {
 	return $gate;
 }
 
-# Starts one racing psql session: it waits at the gate, then runs $sql.
+# Starts one racing psql session: it waits at the gate, then runs each of
+# @sql in a transaction of its own.
 sub race_psql {
-	my ($node, $sql) = @_;
+	my ($node, @sql) = @_;
 	my %r = (out => '', err => '');
 	$r{handle} = IPC::Run::start(
 		[ 'psql', '-XAtq', '-v', 'ON_ERROR_STOP=1', '-d', $node->connstr('postgres'),
 		  '-c', 'DO $$BEGIN PERFORM pg_advisory_lock_shared(424242); PERFORM pg_advisory_unlock_shared(424242); END$$',
-		  '-c', $sql ],
+		  map { ('-c', $_) } @sql ],
 		'>', \$r{out}, '2>', \$r{err});
 	return \%r;
 }

@@ -4,21 +4,22 @@
 -- Proves: a role without grants (app_without_grants) is refused (42501) for
 -- bill_period, bill_customer, period_status and reading billing_records;
 -- the application role (billing_app) can call bill_period, bill_customer,
--- period_status, entity_state, idempotency_key and key_namespace, whose
--- writes land in the tables, but cannot read or write billing_records,
--- journal, accounts or snapshots directly, cannot call the internal journal
--- functions, cannot read dispatch_status and cannot change the key
--- namespace; the accounts maintainer (billing_accounts) can read, add and
--- change accounts, but not delete them, bill, or read billing records or
--- the dispatcher's state; the operator (billing_ops) can read
+-- period_status, entity_state, await_billing, idempotency_key and
+-- key_namespace, whose writes land in the tables, but cannot read or write
+-- billing_records, journal, accounts or snapshots directly, cannot call the
+-- internal journal functions, cannot read dispatch_status and cannot change
+-- the key namespace; the accounts maintainer (billing_accounts) can read,
+-- add and change accounts, but not delete them, bill, or read billing
+-- records or the dispatcher's state; the operator (billing_ops) can read
 -- dispatch_status (seeing the dispatcher as a superuser does), requeue a
 -- failed record and resolve one that needs review, but cannot bill, read or
--- change the tables, or see where the API key lives.
+-- change the tables, or see where the API key lives; the webhook role
+-- (billing_webhooks) can call ingest_stripe_event and nothing else.
 -- The block between the README markers is the README's, verbatim;
 -- test/t/106_readme_grants_in_step.pl fails when the two differ.
 -- Roles are created inside the transaction and vanish with the ROLLBACK.
 BEGIN;
-SELECT plan(69);
+SELECT plan(84);
 
 UPDATE billguard.accounts SET active = false WHERE customer_id NOT LIKE 't09\_%';
 INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency) VALUES
@@ -29,6 +30,7 @@ CREATE ROLE app_without_grants NOLOGIN;
 CREATE ROLE billing_app NOLOGIN;
 CREATE ROLE billing_accounts NOLOGIN;
 CREATE ROLE billing_ops NOLOGIN;
+CREATE ROLE billing_webhooks NOLOGIN;
 -- README grants: begin
 -- The application: bills, and reads what it billed.
 GRANT USAGE ON SCHEMA billguard TO billing_app;
@@ -37,6 +39,7 @@ GRANT EXECUTE ON FUNCTION
   billguard.bill_customer(text, text, text),
   billguard.period_status(text),
   billguard.entity_state(text),
+  billguard.await_billing(text, text, interval),
   billguard.idempotency_key(text, text, text),
   billguard.key_namespace()
 TO billing_app;
@@ -47,18 +50,26 @@ GRANT USAGE ON SCHEMA billguard TO billing_accounts;
 GRANT SELECT, INSERT, UPDATE ON billguard.accounts TO billing_accounts;
 GRANT EXECUTE ON FUNCTION billguard.is_valid_customer_id(text) TO billing_accounts;
 
--- Operators: the dispatcher's state (the view calls dispatcher_state(), which
--- PostgreSQL checks against the caller), requeueing, resolving and
+-- Operators: the dispatcher's and the scheduler's state (the views call
+-- dispatcher_state() and scheduler_state(), which PostgreSQL checks against
+-- the caller), the due periods never billed, requeueing, resolving and
 -- cancelling records.
 GRANT USAGE ON SCHEMA billguard TO billing_ops;
-GRANT SELECT ON billguard.dispatch_status TO billing_ops;
+GRANT SELECT ON billguard.dispatch_status, billguard.scheduler_status TO billing_ops;
 GRANT EXECUTE ON FUNCTION
   billguard.dispatcher_state(),
+  billguard.scheduler_state(),
+  billguard.due_periods(),
   billguard.retry_record(text, text),
   billguard.retry_period(text, text),
   billguard.resolve_record(text, text, text),
   billguard.cancel_record(text, text)
 TO billing_ops;
+
+-- Stripe's webhooks, as billguard-proxy delivers them (POST /webhooks/stripe):
+-- verified events applied to the records, and nothing else.
+GRANT USAGE ON SCHEMA billguard TO billing_webhooks;
+GRANT EXECUTE ON FUNCTION billguard.ingest_stripe_event(text, text) TO billing_webhooks;
 -- README grants: end
 
 ------------------------------------------------------------------------------
@@ -114,6 +125,9 @@ SELECT results_eq($$SELECT status, count, amount_cents FROM billguard.period_sta
                   'billing_app: period_status works');
 SELECT is(billguard.entity_state('billing-t09_carol-2034-01') ->> 'status', 'in_progress',
           'billing_app: entity_state works');
+SELECT results_eq($$SELECT * FROM billguard.await_billing('t09_carol', '2034-01', '0')$$,
+                  $$VALUES ('in_progress'::text, NULL::text)$$,
+                  'billing_app: await_billing works');
 SELECT is(billguard.key_namespace(), 'akka-billing', 'billing_app: key_namespace works');
 SELECT is(billguard.idempotency_key('cust_123', '2026-08'), '0f3fe6c7ee131571ac54c216d9553542',
           'billing_app: idempotency_key works, with its default namespace');
@@ -191,7 +205,11 @@ SELECT throws_ok(statement, '42501', message, 'billing_accounts: ' || refused) F
   ($$SELECT * FROM billguard.bill_period('2034-05')$$,
    'permission denied for function bill_period', 'bill_period refused'),
   ($$SELECT * FROM billguard.dispatch_status$$,
-   'permission denied for view dispatch_status', 'dispatch_status refused')
+   'permission denied for view dispatch_status', 'dispatch_status refused'),
+  ($$SELECT * FROM billguard.scheduler_status$$,
+   'permission denied for view scheduler_status', 'scheduler_status refused'),
+  ($$SELECT * FROM billguard.due_periods()$$,
+   'permission denied for function due_periods', 'due_periods refused')
 ) AS cases (statement, message, refused);
 RESET ROLE;
 
@@ -212,6 +230,10 @@ SELECT is((SELECT count(*) FROM billguard.dispatch_status), 1::bigint,
 SELECT results_eq($$SELECT worker_running, worker_pid FROM billguard.dispatch_status$$,
                   $$SELECT worker_running, worker_pid FROM t09_dispatcher_seen_by_superuser$$,
                   'billing_ops: it shows the dispatcher as a superuser sees it');
+SELECT results_eq($$SELECT enabled, last_period_issued FROM billguard.scheduler_status$$,
+                  $$VALUES (false, '2034-01'::text)$$,
+                  'billing_ops: scheduler_status can be read (off; billing_app issued 2034-01)');
+SELECT lives_ok($$SELECT * FROM billguard.due_periods()$$, 'billing_ops: due_periods works');
 SELECT is(billguard.retry_record('t09_carol', '2034-01'), 'pending', 'billing_ops: retry_record works');
 SELECT is(billguard.resolve_record('t09_dave', '2034-01', 'pi_t09dave'), 'completed',
           'billing_ops: resolve_record works');
@@ -227,8 +249,39 @@ SELECT throws_ok(statement, '42501', message, 'billing_ops: ' || refused) FROM (
   ($$SELECT * FROM billguard.bill_period('2034-05')$$,
    'permission denied for function bill_period', 'bill_period refused'),
   ($$SELECT * FROM billguard.claim_due_records(10, '1 minute', '23 hours', '/v1/payment_intents')$$,
-   'permission denied for function claim_due_records', 'claim_due_records refused')
+   'permission denied for function claim_due_records', 'claim_due_records refused'),
+  ($$SELECT * FROM billguard.scheduler_tick()$$,
+   'permission denied for function scheduler_tick', 'scheduler_tick refused'),
+  ($$SET billguard.scheduler_now = '2034-02-01 00:00:00+00'$$,
+   'permission denied to set parameter "billguard.scheduler_now"', 'SET billguard.scheduler_now refused')
 ) AS cases (statement, message, refused);
+RESET ROLE;
+
+------------------------------------------------------------------------------
+-- The webhook role: ingest_stripe_event, which gets past the privileges to
+-- the signature check (this cluster has no webhook secret); nothing else.
+SET LOCAL ROLE billing_webhooks;
+SELECT is(current_user::text, 'billing_webhooks', 'running as billing_webhooks');
+SELECT throws_ok($$SELECT billguard.ingest_stripe_event('{}', 't=1,v1=00')$$, '55000',
+                 'Stripe webhooks cannot be verified: billguard.webhook_secret_file is not set',
+                 'billing_webhooks: ingest_stripe_event may be called (and needs the secret)');
+SELECT throws_ok(statement, '42501', message, 'billing_webhooks: ' || refused) FROM (VALUES
+  ($$SELECT * FROM billguard.stripe_events$$,
+   'permission denied for table stripe_events', 'SELECT from stripe_events refused'),
+  ($$SELECT * FROM billguard.billing_records$$,
+   'permission denied for table billing_records', 'SELECT from billing_records refused'),
+  ($$SELECT billguard.verify_stripe_signature('{}', 't=1,v1=00')$$,
+   'permission denied for function verify_stripe_signature', 'verify_stripe_signature refused'),
+  ($$SELECT * FROM billguard.bill_period('2034-05')$$,
+   'permission denied for function bill_period', 'bill_period refused'),
+  ($$SELECT * FROM billguard.dispatch_status$$,
+   'permission denied for view dispatch_status', 'dispatch_status refused')
+) AS cases (statement, message, refused);
+RESET ROLE;
+SET LOCAL ROLE billing_app;
+SELECT throws_ok($$SELECT billguard.ingest_stripe_event('{}', 't=1,v1=00')$$, '42501',
+                 'permission denied for function ingest_stripe_event',
+                 'billing_app: ingest_stripe_event refused (webhooks are not the application''s)');
 RESET ROLE;
 
 ------------------------------------------------------------------------------

@@ -6,7 +6,8 @@
 #     compared with OIDs masked; configuration tables compared as a set);
 #   - every row it held is still there, unchanged, except that its settled
 #     records (completed, failed, needs_review) have left the dispatch
-#     queue: their next_attempt_at is NULL;
+#     queue: their next_attempt_at is NULL; the scheduler's 0.1.0 snapshot
+#     (state version 1) is upcast when folded;
 #   - the dispatcher (already the new library) waits while the database is
 #     at 0.1.0 (and is kept from sending while rows are compared), then
 #     bills on the updated schema: the pending records of
@@ -51,6 +52,7 @@ q1($node, q{
 	  FROM billguard.billing_records WHERE billing_period = '2026-06'});
 q1($node, "SELECT billguard.save_snapshot('billing-cust_000003-2026-06')");
 is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-07')"), '31', '0.1.0: 2026-07 claimed, not yet sent');
+q1($node, "SELECT billguard.save_snapshot('billing-scheduler')");
 is(q1($node, "SELECT status FROM billguard.bill_customer('cust_000005', '2026-08', 'req-upgrade')"), 'initiated',
 	'0.1.0: one customer claimed for 2026-08');
 
@@ -136,6 +138,12 @@ sub first_difference {
 
 # ---- the dispatcher works on the updated schema -------------------------------------
 
+# The scheduler's 0.1.0 snapshot (state version 1) is upcast when folded.
+is(q1($node, q{SELECT state_version FROM billguard.snapshots WHERE persistence_id = 'billing-scheduler'}), '1',
+	'the scheduler entity has its 0.1.0 snapshot, of state version 1');
+is(q1($node, q{SELECT billguard.entity_state('billing-scheduler') ->> 'last_issued_period'}), '2026-07',
+	'folding it upcasts it: the last period issued is the greatest of its issued periods');
+
 reload_with($node, api_key_file => $key_file);
 
 ok(wait_until_settled($node, '2026-07'), 'the records claimed under 0.1.0 are sent after the update');
@@ -147,6 +155,8 @@ is(q1($node, q{SELECT string_agg(billing_period || ' ' || status || '=' || n, ',
 	'2026-06 completed=29, 2026-06 failed=1, 2026-06 needs_review=1, 2026-07 completed=31, '
 	  . '2026-08 completed=1, 2026-09 completed=31',
 	'every record sent after the update is completed; the history of 2026-06 is as it was');
+is(q1($node, q{SELECT billguard.entity_state('billing-scheduler') -> 'issued_periods'}), '["2026-06", "2026-07", "2026-09"]',
+	'the periods issued before and after the update, folded from the 0.1.0 snapshot and the events after it');
 my $by_key = charges_by_key($emulator);
 is(scalar(keys %$by_key), 63, 'the emulator holds charges for 63 keys');
 is(scalar(grep { @{ $by_key->{$_} } != 1 } keys %$by_key), 0, 'exactly one successful charge per key');

@@ -13,22 +13,12 @@
 #include "api_key.hpp"
 
 #include "tap.hpp"
+#include "temp_files.hpp"
 
 namespace {
 
 const std::string kKey = "rk_test_51Abc_def";
-std::vector<std::string> created;  // removed at the end
-
-std::string WriteFile(const std::string& content, mode_t mode) {
-  char path[] = "/tmp/billguard-key-XXXXXX";
-  const int fd = mkstemp(path);
-  std::FILE* f = fdopen(fd, "w");
-  std::fputs(content.c_str(), f);
-  std::fclose(f);
-  chmod(path, mode);
-  created.push_back(path);
-  return path;
-}
+using temp_files::created;
 
 // A symbolic link to `target`, next to it.
 std::string LinkTo(const std::string& target) {
@@ -58,39 +48,42 @@ void Refused(const std::string& path, const std::string& reason_part, const std:
 }  // namespace
 
 int main() {
-  Loaded(WriteFile("  " + kKey + " \n", 0600), "mode 0600: loaded, whitespace trimmed");
-  Loaded(WriteFile(kKey, 0400), "mode 0400: loaded");
-  Loaded(LinkTo(WriteFile(kKey, 0600)), "a link to a 0600 file: loaded (the target is checked)");
+  Loaded(temp_files::Write("  " + kKey + " \n", 0600), "mode 0600: loaded, whitespace trimmed");
+  Loaded(temp_files::Write(kKey, 0400), "mode 0400: loaded");
+  Loaded(LinkTo(temp_files::Write(kKey, 0600)),
+         "a link to a 0600 file: loaded (the target is checked)");
 
-  Refused(WriteFile(kKey, 0644), "group or world access (mode 0644)", "mode 0644: refused");
-  Refused(WriteFile(kKey, 0640), "mode 0640", "mode 0640 (group-readable): refused");
-  Refused(WriteFile(kKey, 0604), "mode 0604", "mode 0604 (world-readable): refused");
-  Refused(WriteFile(kKey, 0620), "mode 0620", "mode 0620 (group-writable): refused");
-  Refused(WriteFile(kKey, 0601), "mode 0601", "mode 0601 (world-executable): refused");
-  Refused(WriteFile(kKey, 0644), "chmod 600", "the reason says what to do");
-  Refused(LinkTo(WriteFile(kKey, 0644)), "mode 0644", "a link to a 0644 file: refused");
+  Refused(temp_files::Write(kKey, 0644), "group or world access (mode 0644)", "mode 0644: refused");
+  Refused(temp_files::Write(kKey, 0640), "mode 0640", "mode 0640 (group-readable): refused");
+  Refused(temp_files::Write(kKey, 0604), "mode 0604", "mode 0604 (world-readable): refused");
+  Refused(temp_files::Write(kKey, 0620), "mode 0620", "mode 0620 (group-writable): refused");
+  Refused(temp_files::Write(kKey, 0601), "mode 0601", "mode 0601 (world-executable): refused");
+  Refused(temp_files::Write(kKey, 0644), "chmod 600", "the reason says what to do");
+  Refused(LinkTo(temp_files::Write(kKey, 0644)), "mode 0644", "a link to a 0644 file: refused");
   Refused("/tmp", "not a regular file", "a directory: refused");
-  const std::string fifo = WriteFile("", 0600) + ".fifo";
+  const std::string fifo = temp_files::Write("", 0600) + ".fifo";
   mkfifo(fifo.c_str(), 0600);
   created.push_back(fifo);
   Refused(fifo, "not a regular file", "a FIFO: refused at once, not waited on");
   if (geteuid() == 0) {
-    const std::string foreign = WriteFile(kKey, 0600);
+    const std::string foreign = temp_files::Write(kKey, 0600);
     if (chown(foreign.c_str(), 65534, 65534) != 0) std::perror("chown");
     Refused(foreign, "owned by uid 65534, not by this process's user", "another owner: refused");
   } else {
     tap::Ok(true, "another owner: refused # skip chown needs root");
   }
 
-  Refused(WriteFile("password=hunter2\n", 0600), "does not hold a Stripe key",
+  Refused(temp_files::Write("password=hunter2\n", 0600), "does not hold a Stripe key",
           "a file without a Stripe key: refused");
-  tap::Ok(billguard::LoadApiKey(WriteFile("password=hunter2\n", 0600)).error.find("hunter2") ==
-              std::string::npos,
-          "... without echoing its content");
-  Refused(WriteFile(std::string(5000, 'a'), 0600), "larger than 4 KiB", "a large file: refused");
+  tap::Ok(
+      billguard::LoadApiKey(temp_files::Write("password=hunter2\n", 0600)).error.find("hunter2") ==
+          std::string::npos,
+      "... without echoing its content");
+  Refused(temp_files::Write(std::string(5000, 'a'), 0600), "larger than 4 KiB",
+          "a large file: refused");
   Refused("/nonexistent/key", "cannot read billguard.api_key_file: No such file",
           "a missing file: reported");
   tap::Ok(!billguard::LoadApiKey("").error.empty(), "an unset path: reported");
-  for (const std::string& path : created) unlink(path.c_str());
+  temp_files::RemoveAll();
   return tap::Done();
 }

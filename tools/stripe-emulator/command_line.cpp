@@ -49,11 +49,16 @@ const char* usage_text() {
          "  --latency-ms N             delay every /v1 request by N ms (default 0)\n"
          "  --api-key KEY              accept only this bearer key (default: any non-empty key)\n"
          "  --search-delay-ms N        objects become searchable N ms after creation (default 0)\n"
+         "  --webhook-url URL          send signed webhook events to this http:// endpoint\n"
+         "  --webhook-secret SECRET    the endpoint's signing secret (whsec_...), needed with\n"
+         "                             --webhook-url\n"
          "  --quiet                    no per-request log lines on stderr\n"
          "  --help                     show this help\n"
          "\n"
          "Control API (loopback clients only): GET /_emulator/ledger, POST|GET /_emulator/faults,\n"
-         "POST /_emulator/reset, GET /_emulator/stats, POST|GET /_emulator/config.\n";
+         "POST /_emulator/reset, GET /_emulator/stats, POST|GET /_emulator/config,\n"
+         "POST|GET /_emulator/webhooks, POST /_emulator/webhooks/resend, POST "
+         "/_emulator/refunds.\n";
 }
 
 CommandLineVerdict parse_command_line(int argc, char** argv, Options& options, std::string& error) {
@@ -76,8 +81,9 @@ CommandLineVerdict parse_command_line(int argc, char** argv, Options& options, s
       continue;
     }
 
-    static const char* const kValueFlags[] = {"--listen",     "--idempotency-ttl", "--rate-limit",
-                                              "--latency-ms", "--search-delay-ms", "--api-key"};
+    static const char* const kValueFlags[] = {"--listen",      "--idempotency-ttl", "--rate-limit",
+                                              "--latency-ms",  "--search-delay-ms", "--api-key",
+                                              "--webhook-url", "--webhook-secret"};
     bool known = false;
     for (const char* value_flag : kValueFlags) known = known || flag == value_flag;
     if (!known) {
@@ -107,18 +113,29 @@ CommandLineVerdict parse_command_line(int argc, char** argv, Options& options, s
       valid = parse_count(value, 600000, options.latency_ms);
     } else if (flag == "--search-delay-ms") {
       valid = parse_count(value, 86400000, options.search_delay_ms);
+    } else if (flag == "--webhook-url") {
+      valid = value.rfind("http://", 0) == 0;
+      options.webhook_url = value;
+    } else if (flag == "--webhook-secret") {
+      valid = !value.empty();
+      options.webhook_secret = value;
     } else {  // --api-key
       valid = !value.empty();
       options.api_key = value;
     }
     if (!valid) {
-      // The API key is a secret: name the flag, not the value.
-      error = "invalid value for " + flag + (flag == "--api-key" ? std::string() : ": " + value);
+      // The API key and the webhook secret are secrets: name the flag, not the value.
+      const bool secret = flag == "--api-key" || flag == "--webhook-secret";
+      error = "invalid value for " + flag + (secret ? std::string() : ": " + value);
       return CommandLineVerdict::usage_error;
     }
   }
   if (!saw_listen) {
     error = "--listen HOST:PORT is required";
+    return CommandLineVerdict::usage_error;
+  }
+  if (options.webhook_url.empty() != options.webhook_secret.empty()) {
+    error = "--webhook-url and --webhook-secret go together";
     return CommandLineVerdict::usage_error;
   }
   return CommandLineVerdict::run;

@@ -3,7 +3,9 @@
 #include <set>
 
 #include "json.hpp"
+#include "random_ids.hpp"
 #include "stripe_errors.hpp"
+#include "webhook_events.hpp"
 
 namespace stripe_emulator {
 
@@ -152,6 +154,14 @@ HandlerResult ControlApi::handle(const HttpRequest& request) {
     response = update_config(request.body);
   } else if (get && path == "/_emulator/config") {
     response = config();
+  } else if (post && path == "/_emulator/webhooks") {
+    response = update_webhooks(request.body);
+  } else if (get && path == "/_emulator/webhooks") {
+    response = ok(state_.webhooks.to_json());
+  } else if (post && path == "/_emulator/webhooks/resend") {
+    response = resend_webhook(request.body);
+  } else if (post && path == "/_emulator/refunds") {
+    response = refund(request.body);
   } else {
     response =
         control_error(404, "Unrecognized control URL (" + request.method + ": " + path + ").");
@@ -209,6 +219,7 @@ ApiResponse ControlApi::reset() {
   state_.faults.clear();
   state_.stats.reset();
   state_.rate_limiter.forget_history();
+  state_.webhooks.clear();
   JsonWriter json;
   json.begin_object().key("reset").boolean(true).end_object();
   return ok(json.take());
@@ -245,6 +256,99 @@ ApiResponse ControlApi::config() const {
       .integer(state_.settings.search_delay_ms.load())
       .key("idempotency_ttl")
       .integer(state_.settings.idempotency_ttl_seconds.load())
+      .end_object();
+  return ok(json.take());
+}
+
+ApiResponse ControlApi::update_webhooks(const std::string& body) {
+  std::string error;
+  const auto object = parse_object_body(
+      body, {"url", "secret", "hold", "duplicate", "delay_ms", "retry_ms"}, error);
+  if (!object) return control_error(400, error);
+  std::optional<std::string> url, secret;
+  std::optional<bool> hold;
+  std::optional<std::int64_t> duplicate, delay_ms, retry_ms;
+  if (!read_string(*object, "url", url, error) || !read_string(*object, "secret", secret, error) ||
+      !read_boolean(*object, "hold", hold, error) ||
+      !read_integer(*object, "duplicate", 0, 100, duplicate, error) ||
+      !read_integer(*object, "delay_ms", 0, 600000, delay_ms, error) ||
+      !read_integer(*object, "retry_ms", 10, 60000, retry_ms, error)) {
+    return control_error(400, error);
+  }
+  WebhookSettings settings = state_.webhooks.settings();
+  if (url) settings.url = *url;
+  if (secret) settings.secret = *secret;
+  if (hold) settings.hold = *hold;
+  if (duplicate) settings.duplicate = *duplicate;
+  if (delay_ms) settings.delay_ms = *delay_ms;
+  if (retry_ms) settings.retry_ms = *retry_ms;
+  if (!state_.webhooks.configure(settings, error)) return control_error(400, error);
+  return ok(state_.webhooks.to_json());
+}
+
+ApiResponse ControlApi::resend_webhook(const std::string& body) {
+  std::string error;
+  const auto object = parse_object_body(body, {"event_id"}, error);
+  if (!object) return control_error(400, error);
+  std::optional<std::string> event_id;
+  if (!read_string(*object, "event_id", event_id, error)) return control_error(400, error);
+  if (!event_id) return control_error(400, "event_id is required.");
+  if (!state_.webhooks.resend(*event_id)) {
+    return control_error(404, "No webhook event " + *event_id + " was published.");
+  }
+  return ok(state_.webhooks.to_json());
+}
+
+// Refunds `amount` (default: what is left) of a succeeded PaymentIntent's
+// charge or of a succeeded Charge, and publishes charge.refunded.
+ApiResponse ControlApi::refund(const std::string& body) {
+  std::string error;
+  const auto object = parse_object_body(body, {"id", "amount"}, error);
+  if (!object) return control_error(400, error);
+  std::optional<std::string> id;
+  std::optional<std::int64_t> amount;
+  if (!read_string(*object, "id", id, error) ||
+      !read_integer(*object, "amount", 1, 99999999, amount, error)) {
+    return control_error(400, error);
+  }
+  if (!id) return control_error(400, "id (a pi_ or ch_ id) is required.");
+  const ObjectKind kind =
+      id->rfind("pi_", 0) == 0 ? ObjectKind::payment_intent : ObjectKind::charge;
+  std::string refused;
+  std::int64_t refunded = 0;
+  const auto changed = state_.ledger.modify(kind, *id, [&](StripeObject& charged) {
+    const std::int64_t left = charged.amount - charged.amount_refunded;
+    refunded = amount.value_or(left);
+    if (charged.status != "succeeded") {
+      refused = *id + " is " + charged.status + ": only a succeeded charge can be refunded.";
+    } else if (refunded < 1 || refunded > left) {
+      refused = "amount must be 1.." + std::to_string(left) + " (what is left to refund).";
+    } else {
+      charged.amount_refunded += refunded;
+    }
+  });
+  if (!changed) return control_error(404, "No such payment_intent or charge: " + *id);
+  if (!refused.empty()) return control_error(400, refused);
+  const WebhookEvent event = refund_event(*changed);
+  state_.webhooks.publish({event});
+  JsonWriter json;
+  json.begin_object()
+      .key("id")
+      .string(new_object_id("re"))
+      .key("object")
+      .string("refund")
+      .key("amount")
+      .integer(refunded)
+      .key("charge")
+      .string(kind == ObjectKind::charge ? *id : changed->latest_charge.value_or(""))
+      .key("payment_intent")
+      .optional_string(kind == ObjectKind::payment_intent ? id : std::nullopt)
+      .key("currency")
+      .string(changed->currency)
+      .key("status")
+      .string("succeeded")
+      .key("event_id")
+      .string(event.id)
       .end_object();
   return ok(json.take());
 }

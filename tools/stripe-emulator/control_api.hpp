@@ -8,6 +8,11 @@
 //   GET  /_emulator/stats    request counters
 //   POST /_emulator/config   change latency_ms, rate_limit, search_delay_ms,
 //                            idempotency_ttl; GET shows them
+//   POST /_emulator/webhooks change where and how webhooks are delivered;
+//                            GET shows that and every delivery
+//   POST /_emulator/webhooks/resend  deliver one event again
+//   POST /_emulator/refunds  refund a charge, as a person in Stripe's
+//                            dashboard would: charge.refunded follows
 #pragma once
 
 #include "emulator_state.hpp"
@@ -28,6 +33,9 @@ class ControlApi {
   ApiResponse reset();
   ApiResponse update_config(const std::string& body);
   ApiResponse config() const;
+  ApiResponse update_webhooks(const std::string& body);
+  ApiResponse resend_webhook(const std::string& body);
+  ApiResponse refund(const std::string& body);
 
   EmulatorState& state_;
 };

@@ -12,6 +12,7 @@
 #include "ledger.hpp"
 #include "rate_limiter.hpp"
 #include "stats.hpp"
+#include "webhook_sender.hpp"
 
 namespace stripe_emulator {
 
@@ -24,8 +25,8 @@ struct RuntimeSettings {
 };
 
 struct EmulatorState {
-  explicit EmulatorState(std::int64_t rate_limit_per_second)
-      : rate_limiter(rate_limit_per_second) {}
+  EmulatorState(std::int64_t rate_limit_per_second, bool log_webhooks)
+      : rate_limiter(rate_limit_per_second), webhooks(log_webhooks) {}
 
   std::optional<std::string> required_api_key;  // nullopt: any non-empty key is accepted
   RuntimeSettings settings;
@@ -34,6 +35,7 @@ struct EmulatorState {
   FaultInjector faults;
   Ledger ledger;
   Stats stats;
+  WebhookSender webhooks;
 };
 
 }  // namespace stripe_emulator

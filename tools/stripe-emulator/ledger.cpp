@@ -15,6 +15,15 @@ std::optional<StripeObject> Ledger::find(ObjectKind kind, const std::string& id)
   return objects_[found->second];
 }
 
+std::optional<StripeObject> Ledger::modify(ObjectKind kind, const std::string& id,
+                                           const std::function<void(StripeObject&)>& change) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto found = position_by_id_.find(id);
+  if (found == position_by_id_.end() || objects_[found->second].kind != kind) return std::nullopt;
+  change(objects_[found->second]);
+  return objects_[found->second];
+}
+
 LedgerPage Ledger::query(const LedgerQuery& query) const {
   LedgerPage page;
   std::lock_guard<std::mutex> lock(mutex_);

@@ -36,6 +36,10 @@ class Ledger {
  public:
   void record(StripeObject object);
   std::optional<StripeObject> find(ObjectKind kind, const std::string& id) const;
+  // Lets `change` alter the object (a refund) under the ledger's lock; the
+  // object as it is afterwards, or nullopt when there is no such object.
+  std::optional<StripeObject> modify(ObjectKind kind, const std::string& id,
+                                     const std::function<void(StripeObject&)>& change);
   LedgerPage query(const LedgerQuery& query) const;
   std::vector<StripeObject> all_in_creation_order() const;
   void clear();

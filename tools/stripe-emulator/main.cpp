@@ -39,11 +39,18 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a client hanging up must not kill the emulator
 
-  static EmulatorState state(options.rate_limit_per_second);
+  static EmulatorState state(options.rate_limit_per_second, !options.quiet);
   state.required_api_key = options.api_key;
   state.settings.latency_ms = options.latency_ms;
   state.settings.search_delay_ms = options.search_delay_ms;
   state.settings.idempotency_ttl_seconds = options.idempotency_ttl_seconds;
+  WebhookSettings webhooks;
+  webhooks.url = options.webhook_url;
+  webhooks.secret = options.webhook_secret;
+  if (!state.webhooks.configure(webhooks, error)) {
+    std::fprintf(stderr, "billguard-stripe-emulator: %s\n\n%s", error.c_str(), usage_text());
+    return 2;
+  }
   static RequestRouter router(state);
   static HttpServer server([](const HttpRequest& request) { return router.route(request); },
                            !options.quiet);
@@ -61,6 +68,7 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
 
   std::thread([] { server.serve_forever(); }).detach();
+  std::thread([] { state.webhooks.run(); }).detach();
 
   int received = 0;
   while (sigwait(&stop_signals, &received) != 0) {

@@ -6,6 +6,7 @@
 
 #include "creation_params.hpp"
 #include "stripe_endpoints.hpp"
+#include "webhook_events.hpp"
 
 namespace stripe_emulator {
 
@@ -204,16 +205,20 @@ HandlerResult StripeApi::run_creation(const HttpRequest& request, const Route& r
   ApiResponse response;
   if (server_error) {
     // The endpoint failed after it started executing: Stripe saves and
-    // replays this 500 and may or may not have created the object.
+    // replays this 500 and may or may not have created the object; if it
+    // did, its webhooks tell.
     ++state_.stats.faults_applied;
     if (server_error->create) {
-      create_object(state_.ledger, creation, key_for_ledger);
+      const Creation created = create_object(state_.ledger, creation, key_for_ledger);
       ++state_.stats.created;
+      if (state_.webhooks.enabled()) state_.webhooks.publish(creation_events(created.object));
     }
     response = render_error(errors::api_error(500));
   } else {
-    response = create_object(state_.ledger, creation, key_for_ledger);
+    const Creation created = create_object(state_.ledger, creation, key_for_ledger);
     ++state_.stats.created;
+    if (state_.webhooks.enabled()) state_.webhooks.publish(creation_events(created.object));
+    response = created.response;
   }
   if (ticket) state_.idempotency.complete(api_key, *idempotency_key, *ticket, response);
   return answer(response, idempotency_key);

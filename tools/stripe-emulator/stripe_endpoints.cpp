@@ -61,8 +61,8 @@ StripeObject new_object(const CreationRequest& request,
   return object;
 }
 
-ApiResponse create_payment_intent(Ledger& ledger, const CreationRequest& request,
-                                  const std::optional<std::string>& idempotency_key) {
+Creation create_payment_intent(Ledger& ledger, const CreationRequest& request,
+                               const std::optional<std::string>& idempotency_key) {
   StripeObject intent = new_object(request, idempotency_key);
   const TestDecline* decline =
       request.confirm ? find_test_decline(request.payment_source) : nullptr;
@@ -72,22 +72,25 @@ ApiResponse create_payment_intent(Ledger& ledger, const CreationRequest& request
     intent.status = "requires_action";  // the customer is present and can authenticate
   } else if (decline) {
     intent.status = "requires_payment_method";
+    intent.failure_code = std::string(decline->code);
+    intent.failure_message = std::string(decline->message);
+    intent.decline_code = std::string(decline->decline_code);
     StripeError error =
         errors::card_declined(decline->code, decline->decline_code, decline->message, "");
     error.payment_intent_json = render_api_object(intent);
-    ledger.record(std::move(intent));
-    return render_error(error);
+    ledger.record(intent);
+    return {render_error(error), intent};
   } else {
     intent.status = "succeeded";
     intent.latest_charge = new_object_id("ch");
   }
   ApiResponse response{200, render_api_object(intent)};
-  ledger.record(std::move(intent));
-  return response;
+  ledger.record(intent);
+  return {response, intent};
 }
 
-ApiResponse create_charge(Ledger& ledger, const CreationRequest& request,
-                          const std::optional<std::string>& idempotency_key) {
+Creation create_charge(Ledger& ledger, const CreationRequest& request,
+                       const std::optional<std::string>& idempotency_key) {
   StripeObject charge = new_object(request, idempotency_key);
   if (const TestDecline* decline = find_test_decline(request.payment_source)) {
     charge.status = "failed";
@@ -96,13 +99,13 @@ ApiResponse create_charge(Ledger& ledger, const CreationRequest& request,
     StripeError error =
         errors::card_declined(decline->code, decline->decline_code, decline->message, "");
     error.charge = charge.id;
-    ledger.record(std::move(charge));
-    return render_error(error);
+    ledger.record(charge);
+    return {render_error(error), charge};
   }
   charge.status = "succeeded";
   ApiResponse response{200, render_api_object(charge)};
-  ledger.record(std::move(charge));
-  return response;
+  ledger.record(charge);
+  return {response, charge};
 }
 
 std::optional<StripeError> parse_limit(const std::string& text, std::size_t& limit) {
@@ -136,8 +139,8 @@ constexpr std::string_view kPageTokenPrefix = "emulator_page_";
 
 }  // namespace
 
-ApiResponse create_object(Ledger& ledger, const CreationRequest& request,
-                          const std::optional<std::string>& idempotency_key) {
+Creation create_object(Ledger& ledger, const CreationRequest& request,
+                       const std::optional<std::string>& idempotency_key) {
   return request.kind == ObjectKind::payment_intent
              ? create_payment_intent(ledger, request, idempotency_key)
              : create_charge(ledger, request, idempotency_key);

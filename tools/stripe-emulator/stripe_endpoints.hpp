@@ -13,11 +13,16 @@
 
 namespace stripe_emulator {
 
+struct Creation {
+  ApiResponse response;
+  StripeObject object;  // as recorded in the ledger
+};
+
 // Creates the PaymentIntent or Charge and records it in the ledger, declined
 // or not (Stripe creates the object either way). Declining test payment
 // methods answer 402 card_error.
-ApiResponse create_object(Ledger& ledger, const CreationRequest& request,
-                          const std::optional<std::string>& idempotency_key);
+Creation create_object(Ledger& ledger, const CreationRequest& request,
+                       const std::optional<std::string>& idempotency_key);
 
 ApiResponse retrieve_object(const Ledger& ledger, ObjectKind kind, const std::string& id);
 

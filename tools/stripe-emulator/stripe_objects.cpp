@@ -39,11 +39,21 @@ void write_payment_intent(JsonWriter& json, const StripeObject& intent) {
       .boolean(false)
       .key("metadata");
   write_metadata(json, intent.metadata);
-  json.key("payment_method")
-      .optional_string(intent.payment_source)
-      .key("status")
-      .string(intent.status)
-      .end_object();
+  json.key("payment_method").optional_string(intent.payment_source);
+  if (intent.failure_code) {
+    json.key("last_payment_error")
+        .begin_object()
+        .key("type")
+        .string("card_error")
+        .key("code")
+        .string(*intent.failure_code)
+        .key("decline_code")
+        .optional_string(intent.decline_code)
+        .key("message")
+        .optional_string(intent.failure_message)
+        .end_object();
+  }
+  json.key("status").string(intent.status).end_object();
 }
 
 void write_charge(JsonWriter& json, const StripeObject& charge) {
@@ -58,7 +68,7 @@ void write_charge(JsonWriter& json, const StripeObject& charge) {
       .key("amount_captured")
       .integer(paid ? charge.amount : 0)
       .key("amount_refunded")
-      .integer(0)
+      .integer(charge.amount_refunded)
       .key("captured")
       .boolean(paid)
       .key("created")
@@ -80,11 +90,11 @@ void write_charge(JsonWriter& json, const StripeObject& charge) {
   json.key("paid")
       .boolean(paid)
       .key("payment_intent")
-      .null()
+      .optional_string(charge.payment_intent)
       .key("payment_method")
       .optional_string(charge.payment_source)
       .key("refunded")
-      .boolean(false)
+      .boolean(paid && charge.amount_refunded >= charge.amount)
       .key("status")
       .string(charge.status)
       .end_object();

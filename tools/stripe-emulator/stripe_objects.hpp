@@ -35,8 +35,11 @@ struct StripeObject {
   std::chrono::steady_clock::time_point created_at;
   std::optional<std::string> idempotency_key;
   std::optional<std::string> latest_charge;  // PaymentIntent: set when it succeeded
-  std::optional<std::string> failure_code;   // Charge: set when it was declined
+  std::optional<std::string> failure_code;   // set when it was declined
   std::optional<std::string> failure_message;
+  std::optional<std::string> decline_code;    // PaymentIntent: its last_payment_error's
+  std::optional<std::string> payment_intent;  // Charge: the PaymentIntent that made it
+  std::int64_t amount_refunded = 0;           // refunded so far (the PaymentIntent's charge)
 };
 
 void write_api_object(JsonWriter& json, const StripeObject& object);

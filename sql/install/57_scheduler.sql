@@ -1,0 +1,198 @@
+-- The scheduler: with billguard.auto_bill = monthly, each database's
+-- dispatcher bills the previous calendar month once the UTC calendar passes
+-- bill_day at bill_hour_utc (extension/scheduler.cpp calls scheduler_tick()).
+-- Which period is due follows from the calendar alone, never from when a
+-- worker started. The guard is the period's BillingTickIssued on
+-- billing-scheduler; billing_records stays the authority when the journal
+-- or a snapshot is wrong.
+
+-- The settings and the scheduler's notion of now: billguard.scheduler_now
+-- (test-only, superuser-only) or the transaction's start.
+CREATE FUNCTION billguard.scheduler_settings(OUT auto_bill text, OUT bill_day integer,
+                                             OUT bill_hour_utc integer, OUT now timestamptz)
+  LANGUAGE c STABLE
+  SET search_path = pg_catalog, pg_temp
+  AS 'MODULE_PATHNAME', 'billguard_scheduler_settings';
+
+-- The instant a period YYYY-MM becomes due: bill_hour_utc on bill_day of
+-- the month after it, in UTC.
+CREATE FUNCTION billguard.bill_instant(billing_period text, bill_day integer,
+                                       bill_hour_utc integer)
+  RETURNS timestamptz
+  LANGUAGE sql STABLE
+  SET search_path = pg_catalog, pg_temp
+  RETURN (to_date(billing_period, 'YYYY-MM') + interval '1 month'
+          + make_interval(days => bill_day - 1, hours => bill_hour_utc)) AT TIME ZONE 'UTC';
+
+-- The calendar at instant `at`: the most recent period due (last month's
+-- once this month's bill instant has passed, else the month before), the
+-- instant it became due, and the instant the next one does.
+CREATE FUNCTION billguard.scheduler_calendar(at timestamptz, bill_day integer,
+                                             bill_hour_utc integer,
+                                             OUT due_period text, OUT due_at timestamptz,
+                                             OUT next_due_at timestamptz)
+  LANGUAGE plpgsql STABLE
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+DECLARE
+  this_month timestamp := date_trunc('month', at AT TIME ZONE 'UTC');
+BEGIN
+  IF bill_day NOT BETWEEN 1 AND 28 OR bill_hour_utc NOT BETWEEN 0 AND 23 THEN
+    RAISE EXCEPTION 'bill_day must be 1..28 and bill_hour_utc 0..23, got % and %',
+                    bill_day, bill_hour_utc
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  due_period := to_char(this_month - interval '1 month', 'YYYY-MM');
+  IF at < billguard.bill_instant(due_period, bill_day, bill_hour_utc) THEN
+    due_period := to_char(this_month - interval '2 months', 'YYYY-MM');
+  END IF;
+  due_at := billguard.bill_instant(due_period, bill_day, bill_hour_utc);
+  next_due_at := billguard.bill_instant(to_char(to_date(due_period, 'YYYY-MM') + interval '1 month',
+                                                'YYYY-MM'),
+                                        bill_day, bill_hour_utc);
+END $$;
+
+-- The schedule at the scheduler's now: its settings, the most recent period
+-- due, the instant it became due and the instant the next one does.
+CREATE FUNCTION billguard.current_schedule(OUT auto_bill text, OUT bill_day integer,
+                                           OUT bill_hour_utc integer, OUT due_period text,
+                                           OUT due_at timestamptz, OUT next_due_at timestamptz)
+  LANGUAGE sql STABLE
+  SET search_path = pg_catalog, pg_temp
+  BEGIN ATOMIC
+    SELECT s.auto_bill, s.bill_day, s.bill_hour_utc, c.due_period, c.due_at, c.next_due_at
+      FROM billguard.scheduler_settings() s,
+           LATERAL billguard.scheduler_calendar(s.now, s.bill_day, s.bill_hour_utc) c;
+  END;
+
+-- One tick of the scheduler, in the dispatcher's transaction: bills the most
+-- recent due period unless billing-scheduler has issued it. outcome:
+--   billed          bill_period claimed the accounts without a record
+--   already_issued  BillingTickIssued is in the scheduler's state: nothing
+--   already_billed  the state did not list the period, yet billing_records
+--                   held every record it would claim (a stale or older
+--                   snapshot; or bill_customer for every account): nothing
+--                   was claimed, and the worker logs the inconsistency
+--   busy            a session bills this period right now; the worker tries
+--                   again shortly rather than wait for its lock
+-- existing counts the period's records from before this tick.
+CREATE FUNCTION billguard.scheduler_tick()
+  RETURNS TABLE (billing_period text, outcome text, initiated bigint, existing bigint,
+                 due_at timestamptz, next_due_at timestamptz)
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+#variable_conflict use_column
+DECLARE
+  schedule record;
+  claimed  record;
+BEGIN
+  -- A failover must not lose a tick whose claims it replicated.
+  PERFORM set_config('synchronous_commit', 'on', true);
+  SELECT * INTO schedule FROM billguard.current_schedule();
+  billing_period := schedule.due_period;
+  due_at := schedule.due_at;
+  next_due_at := schedule.next_due_at;
+  initiated := 0;
+  existing := 0;
+  -- bill_period takes the same lock: the check and the claim are one step.
+  IF NOT pg_try_advisory_xact_lock(billguard.period_lock_class(), hashtext(schedule.due_period)) THEN
+    outcome := 'busy';
+  ELSIF (billguard.entity_state('billing-scheduler') -> 'issued_periods') ? schedule.due_period THEN
+    outcome := 'already_issued';
+  ELSE
+    SELECT * INTO claimed FROM billguard.claim_period(schedule.due_period);
+    initiated := claimed.initiated;
+    existing := claimed.already_completed + claimed.in_progress + claimed.failed + claimed.cancelled;
+    outcome := CASE WHEN initiated = 0 AND existing > 0 THEN 'already_billed' ELSE 'billed' END;
+  END IF;
+  RETURN NEXT;
+END $$;
+
+-- The due periods never issued, oldest first: every period from the first
+-- one issued (or, with none, due_period) up to due_period, the most recent
+-- one due.
+CREATE FUNCTION billguard.never_issued(due_period text, issued jsonb)
+  RETURNS text[]
+  LANGUAGE sql STABLE
+  SET search_path = pg_catalog, pg_temp
+  RETURN (SELECT coalesce(array_agg(to_char(m, 'YYYY-MM') ORDER BY m), '{}')
+            FROM generate_series(
+                   to_date(least(due_period,
+                                 (SELECT min(i.p) FROM jsonb_array_elements_text(issued) AS i(p))),
+                           'YYYY-MM'),
+                   to_date(due_period, 'YYYY-MM'), interval '1 month') AS m
+           WHERE NOT issued ? to_char(m, 'YYYY-MM'));
+
+-- The due periods never issued, with the instant each became due. scheduled:
+-- the scheduler bills it by itself (the most recent, with auto_bill =
+-- monthly); it never bills the others: bill each deliberately with
+-- bill_period. records counts what bill_customer claimed of it already.
+CREATE FUNCTION billguard.due_periods()
+  RETURNS TABLE (billing_period text, due_at timestamptz, records bigint, scheduled boolean)
+  LANGUAGE plpgsql STABLE SECURITY DEFINER
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+#variable_conflict use_column
+DECLARE
+  schedule record;
+  missed   text[];
+BEGIN
+  SELECT * INTO schedule FROM billguard.current_schedule();
+  missed := billguard.never_issued(schedule.due_period,
+              coalesce(billguard.entity_state('billing-scheduler') -> 'issued_periods', '[]'::jsonb));
+  IF cardinality(missed) = 0 THEN
+    RETURN;    -- no reason to read billing_records
+  END IF;
+  RETURN QUERY
+    SELECT p.period,
+           billguard.bill_instant(p.period, schedule.bill_day, schedule.bill_hour_utc),
+           coalesce(r.records, 0),
+           p.period = schedule.due_period AND schedule.auto_bill = 'monthly'
+      FROM unnest(missed) AS p(period)
+      LEFT JOIN (SELECT br.billing_period, count(*) AS records
+                   FROM billguard.billing_records br
+                  WHERE br.billing_period = ANY (missed)
+                  GROUP BY br.billing_period) r ON r.billing_period = p.period
+     ORDER BY p.period;
+END $$;
+COMMENT ON FUNCTION billguard.due_periods() IS
+  'Due periods never issued; the scheduler bills only the most recent (scheduled), the rest only bill_period does.';
+
+-- The scheduler as billguard.scheduler_status shows it: enabled, the next
+-- instant it bills (in the past while the most recent due period waits to be
+-- issued), the last period issued and when, and how many due periods the
+-- scheduler will not bill by itself (see due_periods()).
+CREATE FUNCTION billguard.scheduler_state(
+    OUT enabled boolean, OUT bill_day integer, OUT bill_hour_utc integer,
+    OUT next_bill_at timestamptz, OUT last_period_issued text,
+    OUT last_period_issued_at timestamptz, OUT missed_periods bigint)
+  LANGUAGE plpgsql STABLE SECURITY DEFINER
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+DECLARE
+  schedule record;
+  state    jsonb := billguard.entity_state('billing-scheduler');
+BEGIN
+  SELECT * INTO schedule FROM billguard.current_schedule();
+  enabled := schedule.auto_bill = 'monthly';
+  bill_day := schedule.bill_day;
+  bill_hour_utc := schedule.bill_hour_utc;
+  next_bill_at := CASE WHEN NOT enabled THEN NULL
+                       WHEN (state -> 'issued_periods') ? schedule.due_period THEN schedule.next_due_at
+                       ELSE schedule.due_at END;
+  last_period_issued := state ->> 'last_issued_period';
+  last_period_issued_at := (state ->> 'last_issued_at')::timestamptz;
+  -- Without reading billing_records: the view may be polled.
+  missed_periods := cardinality(array_remove(
+    billguard.never_issued(schedule.due_period,
+                           coalesce(state -> 'issued_periods', '[]'::jsonb)),
+    CASE WHEN enabled THEN schedule.due_period END));
+END $$;
+
+CREATE VIEW billguard.scheduler_status AS
+SELECT s.enabled, s.bill_day, s.bill_hour_utc, s.next_bill_at, s.last_period_issued,
+       s.last_period_issued_at, s.missed_periods
+  FROM billguard.scheduler_state() s;
+COMMENT ON VIEW billguard.scheduler_status IS
+  'The scheduler of this database: enabled, when it bills next, the last period issued, older due periods never issued.';

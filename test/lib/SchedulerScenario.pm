@@ -1,0 +1,145 @@
+# Helpers shared by the scheduler and failover scenarios (test/t/160..168):
+# the scheduler's settings and clock, the ticks it logs and journals, and
+# the check that every record of a period was charged exactly once.
+package SchedulerScenario;
+
+use strict;
+use warnings;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(sleep time);
+use IPC::Run;
+use Exporter 'import';
+use BillguardTest qw(charges_by_key wait_until_settled);
+
+our @EXPORT = qw(set_scheduler scheduler_conf wait_for_tick ticks_issued records_of charged_once_each
+  billed_once billguard_processes hold_scheduler_lock release_scheduler_lock waits_for_scheduler_lock);
+
+# Appends billguard.<name> = '<value>' lines to postgresql.conf (a later line
+# wins) and reloads the node: set_scheduler($node, auto_bill => 'monthly',
+# scheduler_now => '2031-09-01 00:00:05+00'). Returns the log offset before
+# the change, for wait_for_tick.
+sub set_scheduler {
+	my ($node, %settings) = @_;
+	my $offset = -s $node->logfile // 0;
+	$node->append_conf('postgresql.conf', scheduler_conf(%settings));
+	$node->reload;
+	return $offset;
+}
+
+# The postgresql.conf lines for %settings (a stopped node's append_conf).
+sub scheduler_conf {
+	my (%settings) = @_;
+	return join("\n", map { "billguard.$_ = '$settings{$_}'" } sort keys %settings);
+}
+
+# Waits for the scheduler's tick logged after byte $offset of the server log
+# (a period billed, found issued, or the inconsistency warning); returns the
+# line, or '' after $timeout seconds.
+sub wait_for_tick {
+	my ($node, $offset, $timeout) = @_;
+	my $deadline = time + ($timeout // 60);
+	while (time < $deadline) {
+		my $log = substr(slurp_file($node->logfile), $offset // 0);
+		return $1
+		  if $log =~ /(billguard scheduler: (?:billed |\S+ \(due [^)]*\) was issued already|billing-scheduler's state does not list).*)$/m;
+		sleep 0.05;
+	}
+	diag('no scheduler tick logged within ' . ($timeout // 60) . ' s');
+	return '';
+}
+
+# How many BillingTickIssued events billing-scheduler holds for $period.
+sub ticks_issued {
+	my ($node, $period) = @_;
+	return $node->safe_psql('postgres', qq{
+		SELECT count(*) FROM billguard.journal
+		 WHERE persistence_id = 'billing-scheduler' AND event_type = 'BillingTickIssued'
+		   AND event ->> 'billing_period' = '$period'});
+}
+
+# The number of billing records of $period.
+sub records_of {
+	my ($node, $period) = @_;
+	return $node->safe_psql('postgres',
+		"SELECT count(*) FROM billguard.billing_records WHERE billing_period = '$period'");
+}
+
+# The records of $period that are not completed with the one succeeded
+# charge the emulator holds for their key, as "customer: why" lines ('' when
+# every record is), and the number of records checked.
+sub charged_once_each {
+	my ($node, $emulator, $period) = @_;
+	my $by_key = charges_by_key($emulator);
+	my @wrong;
+	my @records = map { [ split /\|/, $_, -1 ] } split /\n/, $node->safe_psql('postgres', qq{
+		SELECT customer_id || '|' || idempotency_key || '|' || status || '|' || coalesce(charge_id, '')
+		  FROM billguard.billing_records WHERE billing_period = '$period' ORDER BY customer_id});
+	for my $record (@records) {
+		my ($customer, $key, $status, $charge) = @$record;
+		my @charges = @{ $by_key->{$key} // [] };
+		push @wrong, "$customer: $status, " . scalar(@charges) . ' charges at the emulator'
+		  unless $status eq 'completed' && @charges == 1 && $charges[0] eq $charge;
+	}
+	return (join("\n", @wrong), scalar @records);
+}
+
+# A session holding billing-scheduler's advisory lock, which bill_period
+# takes after its claims and before its commit: a tick or a bill_period
+# then waits there, claims made and not committed.
+sub hold_scheduler_lock {
+	my ($node) = @_;
+	my %holder;
+	$holder{handle} = IPC::Run::start(
+		[ 'psql', '-XAtq', '-d', $node->connstr('postgres'),
+		  '-c', "SET application_name = 'scheduler_lock_holder'",
+		  '-c', 'SELECT pg_advisory_lock(billguard.scheduler_lock_class(), 0), pg_sleep(600)' ],
+		'>', \$holder{out}, '2>', \$holder{err});
+	$node->poll_query_until('postgres', q{
+		SELECT count(*) = 1 FROM pg_locks WHERE locktype = 'advisory' AND granted
+		   AND classid = billguard.scheduler_lock_class() AND objid = 0 AND objsubid = 2})
+	  or die 'the holder did not take the scheduler lock';
+	return \%holder;
+}
+
+# Ends the holder's session, and with it the lock; $node undef when a crash
+# restart ended it already.
+sub release_scheduler_lock {
+	my ($node, $holder) = @_;
+	$node->safe_psql('postgres', q{SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE application_name = 'scheduler_lock_holder'}) if $node;
+	$holder->{handle}->finish;
+	return;
+}
+
+# Whether process $pid waits for billing-scheduler's lock.
+sub waits_for_scheduler_lock {
+	my ($node, $pid) = @_;
+	return $node->poll_query_until('postgres', qq{
+		SELECT count(*) = 1 FROM pg_locks WHERE pid = $pid AND locktype = 'advisory' AND NOT granted
+		   AND classid = billguard.scheduler_lock_class() AND objid = 0});
+}
+
+# Asserts that $period was billed once: one BillingTickIssued, one record
+# per account ($accounts), every record settled and completed with the one
+# succeeded charge the emulator holds for its key.
+sub billed_once {
+	my ($node, $emulator, $label, $period, $accounts) = @_;
+	is(ticks_issued($node, $period), '1', "$label: one BillingTickIssued for $period");
+	is(records_of($node, $period), $accounts, "$label: one record per account for $period");
+	ok(wait_until_settled($node, $period), "$label: every record of $period settles");
+	my ($wrong, $checked) = charged_once_each($node, $emulator, $period);
+	is($wrong, '', "$label: every record of $period is completed with the one charge the emulator holds for its key");
+	is($checked, $accounts, "$label: $accounts records checked");
+	return;
+}
+
+# The backend types of billguard's processes on $node, comma-separated.
+sub billguard_processes {
+	my ($node) = @_;
+	return $node->safe_psql('postgres', q{
+		SELECT coalesce(string_agg(backend_type, ',' ORDER BY backend_type), '')
+		  FROM pg_stat_activity WHERE backend_type LIKE 'billguard%'});
+}
+
+1;
