@@ -2823,3 +2823,59 @@ REVOKE ALL ON FUNCTION
   billguard.ingest_stripe_event(text, text)
 FROM PUBLIC;
 REVOKE ALL ON TABLE billguard.stripe_events FROM PUBLIC;
+
+-- ==== Loose ends from the dispatcher (issue 7) ====
+
+-- period_status: amounts per currency, never a sum across currencies. Its
+-- result gains a currency column, so the function is dropped and created
+-- again; renamed first, so that the grants users gave on it (README,
+-- Privileges) are carried over to the new one, as in the section of items
+-- 19 and 21.
+ALTER FUNCTION billguard.period_status(text) RENAME TO period_status_before_currency;
+
+CREATE FUNCTION billguard.period_status(billing_period text)
+  RETURNS TABLE (status text, count bigint, amount_cents numeric, currency text)
+  LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+  PERFORM billguard.check_billing_period(period_status.billing_period);
+  RETURN QUERY
+    -- sum(bigint) is numeric: no total overflows, whatever amounts records
+    -- claimed before amounts were capped hold.
+    SELECT st.status, count(r.status), coalesce(sum(r.amount_cents), 0), r.currency
+      FROM unnest(ARRAY['pending', 'dispatching', 'unknown', 'needs_review', 'completed',
+                        'failed', 'blocked', 'cancelled']) WITH ORDINALITY AS st (status, position)
+      LEFT JOIN billguard.billing_records r
+        ON r.status = st.status AND r.billing_period = period_status.billing_period
+     GROUP BY st.status, st.position, r.currency
+     ORDER BY st.position, r.currency;
+END $$;
+COMMENT ON FUNCTION billguard.period_status(text) IS
+  'One row per record status and currency for the period: how many records, and their amount in minor units of that currency (never a sum across currencies). A status without records has one row with count 0, amount 0 and currency NULL.';
+
+-- As in a fresh install: nothing granted to PUBLIC.
+REVOKE ALL ON FUNCTION billguard.period_status(text) FROM PUBLIC;
+
+-- The users' grants on the old function, carried over; the extension's
+-- initial privileges set back to a fresh install's, so they stay users'
+-- grants and are dumped.
+DO $$
+DECLARE
+  old_oid oid := 'billguard.period_status_before_currency(text)'::regprocedure;
+  new_oid oid := 'billguard.period_status(text)'::regprocedure;
+  fresh aclitem[];
+  grant_of record;
+BEGIN
+  SELECT p.proacl INTO fresh FROM pg_proc p WHERE p.oid = new_oid;
+  FOR grant_of IN
+    SELECT pg_get_userbyid(a.grantee) AS grantee, a.is_grantable
+      FROM pg_proc p, aclexplode(p.proacl) a
+     WHERE p.oid = old_oid AND a.privilege_type = 'EXECUTE' AND a.grantee NOT IN (0, p.proowner)
+  LOOP
+    EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I%s', new_oid::regprocedure,
+                   grant_of.grantee, CASE WHEN grant_of.is_grantable THEN ' WITH GRANT OPTION' END);
+  END LOOP;
+  UPDATE pg_init_privs i SET initprivs = fresh
+   WHERE i.objoid = new_oid AND i.classoid = 'pg_proc'::regclass AND i.objsubid = 0;
+END $$;
+DROP FUNCTION billguard.period_status_before_currency(text);

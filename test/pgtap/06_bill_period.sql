@@ -8,9 +8,11 @@
 -- BillingInitiated event per new record; the billing-scheduler entity gets
 -- exactly one BillingTickIssued per period, however often bill_period runs;
 -- period_status returns the eight statuses in order with correct counts and
--- amount sums; bad periods are 22023 and write nothing.
+-- amount sums, per currency (a period with USD and EUR records gets a row
+-- for each, never a sum across them; a status without records one row with
+-- currency NULL); bad periods are 22023 and write nothing.
 BEGIN;
-SELECT plan(42);
+SELECT plan(45);
 
 -- Only this file's accounts are active while it runs (rolled back at the end).
 UPDATE billguard.accounts SET active = false WHERE customer_id NOT LIKE 't06\_%';
@@ -153,6 +155,23 @@ SELECT results_eq($$SELECT status, count, amount_cents FROM billguard.period_sta
                            ('needs_review', 0, 0), ('completed', 0, 0), ('failed', 0, 0), ('blocked', 0, 0),
                            ('cancelled', 0, 0)$$,
                   'period_status of 2032-02: seven pending worth 2900 (a1..a6 + a8)');
+
+-- Two currencies in one period: a row per (status, currency), never a sum
+-- across currencies; a status without records keeps its one row, currency NULL.
+INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, active)
+VALUES ('t06_e1', 'cus_t06e1', 250, 'eur', true), ('t06_e2', 'cus_t06e2', 350, 'eur', true);
+SELECT results_eq($$SELECT initiated FROM billguard.bill_period('2032-03')$$, ARRAY[9::bigint],
+                  '2032-03: seven USD and two EUR accounts initiated');
+UPDATE billguard.billing_records SET status = 'completed', charge_id = 'ch_t06_' || customer_id, completed_at = now()
+ WHERE customer_id IN ('t06_a1', 't06_e1') AND billing_period = '2032-03';
+SELECT results_eq($$SELECT status, count, amount_cents, currency FROM billguard.period_status('2032-03')$$,
+                  $$VALUES ('pending'::text, 1::bigint, 350::numeric, 'eur'::text), ('pending', 6, 2800, 'usd'),
+                           ('dispatching', 0, 0, NULL), ('unknown', 0, 0, NULL), ('needs_review', 0, 0, NULL),
+                           ('completed', 1, 250, 'eur'), ('completed', 1, 100, 'usd'), ('failed', 0, 0, NULL),
+                           ('blocked', 0, 0, NULL), ('cancelled', 0, 0, NULL)$$,
+                  'period_status of 2032-03: USD and EUR amounts on separate rows, empty statuses with currency NULL');
+SELECT is((SELECT sum(count) FROM billguard.period_status('2032-03')), 9::numeric,
+          'period_status of 2032-03: every record counted once');
 
 -- Bad periods: 22023, nothing written.
 CREATE TEMP TABLE t06_counts AS

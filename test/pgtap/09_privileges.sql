@@ -119,10 +119,10 @@ SELECT results_eq($$SELECT * FROM billguard.bill_customer('t09_carol', '2034-01'
 SELECT results_eq($$SELECT * FROM billguard.bill_customer('t09_carol', '2034-02')$$,
                   $$SELECT 'initiated'::text, billguard.idempotency_key('t09_carol', '2034-02'), NULL::text$$,
                   'billing_app: bill_customer works (initiated for a new period)');
-SELECT results_eq($$SELECT status, count, amount_cents FROM billguard.period_status('2034-01')
+SELECT results_eq($$SELECT status, count, amount_cents, currency FROM billguard.period_status('2034-01')
                      WHERE status = 'pending'$$,
-                  $$VALUES ('pending'::text, 2::bigint, 6000::numeric)$$,
-                  'billing_app: period_status works');
+                  $$VALUES ('pending'::text, 1::bigint, 3500::numeric, 'chf'::text), ('pending', 1, 2500, 'usd')$$,
+                  'billing_app: period_status works (CHF and USD apart)');
 SELECT is(billguard.entity_state('billing-t09_carol-2034-01') ->> 'status', 'in_progress',
           'billing_app: entity_state works');
 SELECT results_eq($$SELECT * FROM billguard.await_billing('t09_carol', '2034-01', '0')$$,
