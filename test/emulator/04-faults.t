@@ -30,6 +30,8 @@ subtest 'queueing faults' => sub {
 
   for my $bad ({kind => 'explode'}, {kind => 'status'}, {kind => 'status', status => 200},
                {kind => 'hang', status => 500}, {kind => 'status', status => 503, create => JSON::PP::false},
+               {kind => 'status', status => 503, executes => JSON::PP::false},
+               {kind => 'status', status => 500, executes => JSON::PP::false, create => JSON::PP::false},
                {kind => 'hang', cuont => 1}, {kind => 'hang', count => -1}, {kind => 'hang', path_prefix => 'v1'},
                {kind => 'hang', method => 'DELETE'}) {
     my $response = $emulator->add_fault(%$bad);
@@ -67,6 +69,20 @@ subtest '500 with create:false creates nothing but is still saved' => sub {
   is($retry->{status}, 500, 'the retry gets the saved 500');
   is($retry->{headers}{'idempotent-replayed'}, 'true', 'replayed');
   is(scalar(entries_for('fault-500-nothing')), 0, 'still nothing created');
+};
+
+subtest '500 with executes:false: nothing created, nothing saved' => sub {
+  $emulator->add_fault(kind => 'status', status => 500, count => 1, executes => JSON::PP::false);
+  is($emulator->control(GET => '/_emulator/faults')->{json}{faults}[0]{executes}, JSON::PP::false,
+    'listed with executes false');
+  my $first = post_intent('fault-500-front');
+  is($first->{status}, 500, 'HTTP 500');
+  is($first->{json}{error}{type}, 'api_error', 'api_error');
+  is(scalar(entries_for('fault-500-front')), 0, 'nothing created');
+  my $retry = post_intent('fault-500-front');
+  is($retry->{status}, 200, 'the retry with the same key executes');
+  is($retry->{headers}{'idempotent-replayed'}, 'false', 'not a replay');
+  is(scalar(entries_for('fault-500-front')), 1, 'exactly one object');
 };
 
 subtest '502/503/504 and others: nothing created, nothing saved' => sub {

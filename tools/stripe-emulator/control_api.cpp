@@ -88,16 +88,17 @@ std::optional<FaultKind> fault_kind_from_name(const std::string& name) {
 std::optional<std::string> parse_fault(const std::string& body, Fault& fault, std::size_t& count) {
   std::string error;
   const auto object = parse_object_body(
-      body, {"kind", "status", "count", "create", "path_prefix", "method"}, error);
+      body, {"kind", "status", "count", "create", "executes", "path_prefix", "method"}, error);
   if (!object) return error;
 
   std::optional<std::string> kind_name, path_prefix, method;
   std::optional<std::int64_t> status, repetitions;
-  std::optional<bool> create;
+  std::optional<bool> create, executes;
   if (!read_string(*object, "kind", kind_name, error) ||
       !read_integer(*object, "status", 400, 599, status, error) ||
       !read_integer(*object, "count", 0, 1000000, repetitions, error) ||
       !read_boolean(*object, "create", create, error) ||
+      !read_boolean(*object, "executes", executes, error) ||
       !read_string(*object, "path_prefix", path_prefix, error) ||
       !read_string(*object, "method", method, error)) {
     return error;
@@ -111,6 +112,12 @@ std::optional<std::string> parse_fault(const std::string& body, Fault& fault, st
   if (create && !(*kind == FaultKind::status && *status == 500)) {
     return std::string("\"create\" only applies to status 500 faults.");
   }
+  if (executes && !(*kind == FaultKind::status && *status == 500)) {
+    return std::string("\"executes\" only applies to status 500 faults.");
+  }
+  if (create && executes == false) {
+    return std::string("\"create\" only applies to a 500 that executes.");
+  }
   if (path_prefix && (path_prefix->empty() || path_prefix->front() != '/')) {
     return std::string("path_prefix must start with '/'.");
   }
@@ -121,6 +128,7 @@ std::optional<std::string> parse_fault(const std::string& body, Fault& fault, st
   fault.kind = *kind;
   fault.status = static_cast<int>(status.value_or(0));
   fault.create = create.value_or(true);
+  fault.executes = executes.value_or(true);
   fault.path_prefix = path_prefix.value_or("");
   fault.method = method.value_or("");
   count = static_cast<std::size_t>(repetitions.value_or(1));
@@ -199,7 +207,7 @@ ApiResponse ControlApi::list_faults() const {
     json.begin_object().key("kind").string(fault_kind_name(entry.fault.kind));
     if (entry.fault.kind == FaultKind::status) json.key("status").integer(entry.fault.status);
     if (entry.fault.kind == FaultKind::status && entry.fault.status == 500) {
-      json.key("create").boolean(entry.fault.create);
+      json.key("create").boolean(entry.fault.create).key("executes").boolean(entry.fault.executes);
     }
     json.key("count")
         .integer(static_cast<std::int64_t>(entry.remaining))

@@ -21,7 +21,11 @@ enum class FaultKind {
 struct Fault {
   FaultKind kind = FaultKind::status;
   int status = 500;
-  bool create = true;       // status 500 only: whether the object is created anyway
+  bool create = true;  // status 500 only: whether the object is created anyway
+  // Status 500 only: false fails the request before the endpoint starts
+  // executing, which Stripe does not save for the key (nothing created,
+  // nothing replayed), as it does with 502-504.
+  bool executes = true;
   std::string path_prefix;  // empty: any /v1 path
   // Empty: POST, except that status 429 hits any method (like the real limiter).
   // Otherwise "GET", "POST" or "ANY".

@@ -134,9 +134,11 @@ HandlerResult StripeApi::handle(const HttpRequest& request) {
     return hang;
   }
   const bool executes_despite_error = fault && fault->kind == FaultKind::status &&
-                                      fault->status == 500 && route->operation == Operation::create;
+                                      fault->status == 500 && fault->executes &&
+                                      route->operation == Operation::create;
   if (fault && fault->kind == FaultKind::status && !executes_despite_error) {
-    // 429, 502-504 and the rest fail in front of the API: nothing created, nothing saved.
+    // 429, 502-504, a 500 that does not execute and the rest fail in front
+    // of the API: nothing created, nothing saved.
     ++state_.stats.faults_applied;
     sleep_for_configured_latency();
     return answer(injected_status_error(fault->status));
