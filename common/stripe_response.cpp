@@ -299,12 +299,19 @@ SearchAnswer ReadSearchAnswer(const HttpResponse& response, std::string_view ide
 }
 
 // A search changes nothing at Stripe: it never exhausts, and while it
-// tells nothing the record stays unknown.
-Outcome JudgeSearch(const SearchAnswer& answer) {
+// tells nothing the record stays unknown. Finding nothing is what ends the
+// cycle of a 500 that created nothing: Stripe replays that 500 for the key
+// to every re-send, so after max_unknown_cycles only a person can settle it.
+Outcome JudgeSearch(SearchAnswer& answer, int unknown_cycles, int max_unknown_cycles) {
   if (!answer.request_sent) return Outcome::kNotSent;
   if (answer.http_status == 401 || answer.http_status == 403) return Outcome::kPaused;
   if (!answer.listed) return Outcome::kRetry;
-  return answer.found_id.empty() ? Outcome::kAbsent : Outcome::kCompleted;
+  if (!answer.found_id.empty()) return Outcome::kCompleted;
+  if (unknown_cycles < max_unknown_cycles) return Outcome::kAbsent;
+  answer.message = "no charge found for the key after " + std::to_string(unknown_cycles) +
+                   " indeterminate answers, each followed by a search " +
+                   "(max_unknown_cycles): reconcile before retrying";
+  return Outcome::kNeedsReview;
 }
 
 }  // namespace billguard

@@ -22,7 +22,8 @@ enum class Outcome {
   kThrottled,    // a 429 or a key still in use (409): again soon, never exhausts
   kUnknown,      // Stripe cached an indeterminate result (a 500): search first
   kNeedsReview,  // a person must look: an idempotency conflict, an answer that
-                 // cannot be read, an indeterminate outcome past max_attempts
+                 // cannot be read, an indeterminate outcome past max_attempts,
+                 // a search that found nothing past max_unknown_cycles
   kPaused,       // the API key was refused: the attempt does not count
   kNotSent,      // the request provably never left: the attempt does not count
   kAbsent,       // a search found no charge for the key: send the charge now
@@ -69,7 +70,11 @@ struct SearchAnswer {
 };
 
 SearchAnswer ReadSearchAnswer(const HttpResponse& response, std::string_view idempotency_key);
-Outcome JudgeSearch(const SearchAnswer& answer);
+// What a search means for a record that has had `unknown_cycles`
+// indeterminate answers (cached 500s) so far: found nothing after
+// max_unknown_cycles of them, it needs review (the message says why), as
+// re-sending only gets the cached 500 replayed.
+Outcome JudgeSearch(SearchAnswer& answer, int unknown_cycles, int max_unknown_cycles);
 
 // At most max_bytes of text, with every byte outside printable ASCII
 // replaced by '?': safe in any database encoding, never a NUL.

@@ -37,7 +37,8 @@ std::vector<ClaimedRecord> ClaimDueRecords(int max_rows) {
   const int lease_seconds = settings::request_timeout_ms / 1000 * 2 + 30;
   auto rows = ExecuteInTransaction(
       "SELECT idempotency_key, attempt, action, customer_id, billing_period, stripe_endpoint, "
-      "request_body FROM billguard.claim_due_records($1::int, $2::interval, $3::interval, $4)",
+      "request_body, unknown_cycles "
+      "FROM billguard.claim_due_records($1::int, $2::interval, $3::interval, $4)",
       {std::to_string(max_rows), Seconds(lease_seconds), Seconds(settings::idempotency_window_s),
        std::string(settings::stripe_endpoint)});
   std::vector<ClaimedRecord> claimed;
@@ -51,6 +52,7 @@ std::vector<ClaimedRecord> ClaimDueRecords(int max_rows) {
     c.billing_period = row[4].value_or("");
     c.endpoint = row[5].value_or("");
     c.body = row[6].value_or("");
+    c.unknown_cycles = std::stoi(row[7].value_or("0"));
     claimed.push_back(std::move(c));
   }
   return claimed;

@@ -19,6 +19,7 @@ struct ClaimedRecord {
   std::string body;
   int attempt = 0;
   bool search_first = false;  // reconcile before (re-)sending
+  int unknown_cycles = 0;     // indeterminate answers so far (see JudgeSearch)
 };
 
 // Whether an answer was recorded: kStale when the record has moved on (the

@@ -271,7 +271,7 @@ class Dispatcher {
     for (const Finished& finished : batch) judged.push_back(Judge(finished));
     const std::vector<Recorded> recorded = RecordAnswers(judged);
     for (std::size_t i = 0; i < batch.size(); ++i) {
-      AfterRecording(std::move(batch[i]), judged[i].outcome, recorded[i]);
+      AfterRecording(std::move(batch[i]), judged[i], recorded[i]);
     }
   }
 
@@ -281,7 +281,8 @@ class Dispatcher {
     judged.search = finished.done.searching;
     if (judged.search) {
       judged.found = ReadSearchAnswer(finished.response, finished.done.claimed.idempotency_key);
-      judged.outcome = JudgeSearch(judged.found);
+      judged.outcome = JudgeSearch(judged.found, finished.done.claimed.unknown_cycles,
+                                   settings::max_unknown_cycles);
     } else {
       judged.charge = ReadChargeAnswer(finished.response);
       judged.outcome =
@@ -292,7 +293,8 @@ class Dispatcher {
 
   // What follows from a recorded answer. One whose row another session
   // holds locked waits in deferred_ and is recorded on a later pass.
-  void AfterRecording(Finished finished, Outcome outcome, Recorded recorded) {
+  void AfterRecording(Finished finished, const JudgedAnswer& judged, Recorded recorded) {
+    const Outcome outcome = judged.outcome;
     const HttpResponse& response = finished.response;
     if (response.status == 0 && !response.request_sent) {
       HoldOffUnreachable(response.transport_error);
@@ -318,7 +320,9 @@ class Dispatcher {
       return;
     }
     if (response.status == 429) pacer_.SlowDown(Clock::now());
-    if (outcome == Outcome::kPaused) {
+    if (judged.search && outcome == Outcome::kNeedsReview) {
+      Log(who + " is needs_review: " + judged.found.message);
+    } else if (outcome == Outcome::kPaused) {
       Pause("Stripe refused the API key (HTTP " + std::to_string(response.status) + ")");
     } else if (outcome == Outcome::kFailed || outcome == Outcome::kNeedsReview ||
                outcome == Outcome::kUnknown) {

@@ -34,6 +34,7 @@ double max_requests_per_second = 25;
 int request_timeout_ms = 30000;
 int idempotency_window_s = 23 * 3600;
 int max_attempts = 20;
+int max_unknown_cycles = 5;
 int poll_interval_ms = 1000;
 int search_settle_delay_s = 120;
 int auto_bill = kAutoBillOff;
@@ -129,6 +130,12 @@ void DefineDispatcherSettings() {
   DefineCustomIntVariable(
       "billguard.max_attempts", "Attempts before a record with indeterminate errors needs review.",
       nullptr, &max_attempts, 20, 1, 1000, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+  DefineCustomIntVariable(
+      "billguard.max_unknown_cycles",
+      "Indeterminate answers, each followed by a search that found nothing, before a record needs "
+      "review.",
+      "A 500 that created nothing is replayed by Stripe for the key: re-sending cannot settle it.",
+      &max_unknown_cycles, 5, 1, 1000, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
   DefineCustomIntVariable("billguard.poll_interval",
                           "How often the dispatcher looks for due records without a wake-up.",
                           nullptr, &poll_interval_ms, 1000, 10, 3600000, PGC_SIGHUP, GUC_UNIT_MS,

@@ -19,6 +19,7 @@ extern double max_requests_per_second;
 extern int request_timeout_ms;
 extern int idempotency_window_s;
 extern int max_attempts;
+extern int max_unknown_cycles;
 extern int poll_interval_ms;
 extern int search_settle_delay_s;
 

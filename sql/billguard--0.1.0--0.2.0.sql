@@ -2879,3 +2879,226 @@ BEGIN
    WHERE i.objoid = new_oid AND i.classoid = 'pg_proc'::regclass AND i.objsubid = 0;
 END $$;
 DROP FUNCTION billguard.period_status_before_currency(text);
+
+-- A 500 that created nothing is replayed by Stripe for the key to every
+-- re-send: after billguard.max_unknown_cycles indeterminate answers, each
+-- followed by a search that found nothing, the record needs review. The
+-- count is a column that stays NULL until a record has one (no default: no
+-- row is rewritten and none widened). The claim returns it, so its result
+-- type changes: dropped and created again (the dispatcher is its only
+-- caller; nothing is granted on it).
+ALTER TABLE billguard.billing_records ADD COLUMN unknown_cycles smallint;
+
+DROP FUNCTION billguard.claim_due_records(integer, interval, interval, text);
+CREATE FUNCTION billguard.claim_due_records(max_rows integer, lease interval,
+                                            idempotency_window interval, endpoint text)
+  RETURNS TABLE (idempotency_key text, attempt integer, action text, customer_id text,
+                 billing_period text, stripe_endpoint text, request_body text,
+                 unknown_cycles integer)
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  SET enable_seqscan = off
+  SET enable_bitmapscan = off
+  SET enable_hashjoin = off
+  SET enable_mergejoin = off
+  AS $$
+#variable_conflict use_column
+BEGIN
+  -- The dispatcher commits its answers asynchronously (a lost answer is
+  -- re-sent with the same key and replayed by Stripe), but a claim is
+  -- flushed before any request leaves.
+  PERFORM set_config('synchronous_commit', 'on', true);
+  RETURN QUERY
+  WITH due AS (
+    SELECT r.idempotency_key, r.status, r.created_at, r.first_dispatched_at
+      FROM billguard.billing_records r
+     WHERE r.next_attempt_at <= now() AND r.status IN ('pending', 'dispatching', 'unknown')
+       AND (r.status <> 'dispatching' OR r.lease_expires_at IS NULL OR r.lease_expires_at <= now())
+     ORDER BY r.next_attempt_at
+     LIMIT max_rows
+       FOR UPDATE SKIP LOCKED
+  ), claimed AS (
+    UPDATE billguard.billing_records r
+       SET status = 'dispatching',
+           attempts = r.attempts + 1,
+           first_dispatched_at = coalesce(r.first_dispatched_at, now()),
+           lease_expires_at = now() + lease,
+           updated_at = now(),
+           stripe_endpoint = coalesce(r.stripe_endpoint, endpoint),
+           request_body = coalesce(r.request_body,
+             billguard.charge_request_body(endpoint, r.idempotency_key, r.customer_id,
+                                           r.billing_period, r.amount_cents, r.currency,
+                                           r.stripe_customer, r.payment_method))
+      FROM due
+     WHERE r.idempotency_key = due.idempotency_key
+    RETURNING r.idempotency_key, r.attempts, r.customer_id, r.billing_period,
+              r.stripe_endpoint, r.request_body, r.unknown_cycles,
+              CASE WHEN due.status = 'unknown'
+                     OR least(due.created_at, due.first_dispatched_at) < now() - idempotency_window
+                   THEN 'search' ELSE 'charge' END AS action
+  ), journaled AS (
+    INSERT INTO billguard.journal (persistence_id, seq_nr, customer_id, event_type, event)
+    SELECT p.id,
+           coalesce((SELECT max(j.seq_nr) FROM billguard.journal j WHERE j.persistence_id = p.id), 0) + 1,
+           c.customer_id, 'ChargeAttempted',
+           jsonb_build_object('attempt', c.attempts, 'action', c.action,
+                              'idempotency_key', c.idempotency_key, 'at', now())
+      FROM claimed c
+     CROSS JOIN LATERAL (SELECT 'billing-' || c.customer_id || '-' || c.billing_period AS id) p
+  )
+  SELECT c.idempotency_key, c.attempts, c.action, c.customer_id, c.billing_period,
+         c.stripe_endpoint, c.request_body, coalesce(c.unknown_cycles, 0)::integer
+    FROM claimed c;
+END $$;
+
+CREATE OR REPLACE FUNCTION billguard.record_answers(answers jsonb, settle_delay interval)
+  RETURNS TABLE (recorded text)
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  SET enable_seqscan = off
+  SET enable_hashjoin = off
+  SET enable_mergejoin = off
+  AS $$
+#variable_conflict use_column
+DECLARE
+  unknown_outcome text;
+BEGIN
+  SELECT a.search || '/' || a.outcome INTO unknown_outcome
+    FROM jsonb_to_recordset(answers) AS a(search boolean, outcome text)
+   WHERE NOT coalesce(a.search IS NOT NULL AND a.outcome IN ('completed', 'retry', 'paused', 'not_sent')
+                       OR a.search = false AND a.outcome IN ('failed', 'throttled', 'unknown', 'needs_review')
+                       OR a.search AND a.outcome IN ('absent', 'needs_review'), false)
+   LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION 'no such outcome of an answer (search/outcome): %', unknown_outcome
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  RETURN QUERY
+  WITH answer AS (
+    SELECT *
+      FROM ROWS FROM (jsonb_to_recordset(answers) AS (
+             key text, attempt integer, search boolean, outcome text, http_status integer,
+             charge_id text, replayed boolean, request_id text, error_type text, error_code text,
+             decline_code text, message text, body_excerpt text))
+           WITH ORDINALITY AS a(key, attempt, search, outcome, http_status, charge_id, replayed,
+                                request_id, error_type, error_code, decline_code, message,
+                                body_excerpt, position)
+  ), locked AS (
+    SELECT r.idempotency_key, r.customer_id, r.billing_period, r.status, r.attempts
+      FROM billguard.billing_records r
+     WHERE r.idempotency_key IN (SELECT a.key FROM answer a)
+       FOR UPDATE SKIP LOCKED
+  ), mine AS (   -- the answers whose attempt is still their record's
+    SELECT a.*, l.customer_id, l.billing_period,
+           CASE WHEN a.search THEN 'search ' ELSE '' END || a.outcome AS what,
+           jsonb_strip_nulls(jsonb_build_object(
+             'http_status', nullif(a.http_status, 0), 'type', a.error_type, 'code', a.error_code,
+             'decline_code', a.decline_code, 'message', a.message, 'body', a.body_excerpt,
+             'request_id', a.request_id, 'attempt', a.attempt)) AS detail
+      FROM answer a
+      JOIN locked l ON l.idempotency_key = a.key AND l.status = 'dispatching' AND l.attempts = a.attempt
+  ), effect AS (
+    SELECT m.key, m.customer_id, m.billing_period, m.what,
+           CASE WHEN m.what IN ('completed', 'search completed') THEN m.charge_id END AS charge_id,
+           CASE m.what
+             WHEN 'completed' THEN 'completed' WHEN 'search completed' THEN 'completed'
+             WHEN 'failed' THEN 'failed' WHEN 'needs_review' THEN 'needs_review'
+             WHEN 'search needs_review' THEN 'needs_review'
+             WHEN 'retry' THEN 'pending' WHEN 'throttled' THEN 'pending'
+             WHEN 'paused' THEN 'pending' WHEN 'not_sent' THEN 'pending'
+             WHEN 'search absent' THEN NULL   -- nothing changes
+             ELSE 'unknown'                   -- unknown, search retry, search paused, search not_sent
+           END AS status,
+           -- an attempt that provably charged nothing and told nothing does not count
+           CASE WHEN m.outcome IN ('paused', 'not_sent') THEN -1 ELSE 0 END AS attempts_delta,
+           CASE m.what
+             WHEN 'retry' THEN now() + billguard.retry_delay(m.attempt, 900)
+             -- a rate limit or a key still in use backs off a minute at most
+             WHEN 'throttled' THEN now() + billguard.retry_delay(m.attempt, 60)
+             -- search is eventually consistent: "absent" only after the settle delay
+             WHEN 'unknown' THEN now() + settle_delay
+             WHEN 'search retry' THEN now() + billguard.retry_delay(m.attempt)
+             WHEN 'paused' THEN now() WHEN 'not_sent' THEN now()
+             WHEN 'search paused' THEN now() WHEN 'search not_sent' THEN now()
+           END AS next_attempt_at,   -- NULL: settled, out of the queue
+           m.what IN ('paused', 'search paused', 'search not_sent') AS keeps_error,
+           CASE
+             WHEN m.what IN ('completed', 'search completed') THEN NULL
+             WHEN m.what = 'not_sent' THEN 'not sent: ' || m.message
+             WHEN m.what IN ('search retry', 'search needs_review') THEN m.message
+             ELSE billguard.error_text(m.detail)
+           END AS last_error,
+           CASE m.what
+             WHEN 'completed' THEN 'BillingCompleted' WHEN 'search completed' THEN 'ChargeReconciled'
+             WHEN 'failed' THEN 'BillingFailed' WHEN 'retry' THEN 'BillingFailed'
+             WHEN 'throttled' THEN 'BillingFailed' WHEN 'unknown' THEN 'ChargeUnknown'
+             WHEN 'needs_review' THEN 'NeedsReview' WHEN 'not_sent' THEN 'ChargeNotSent'
+             WHEN 'search needs_review' THEN 'NeedsReview'
+           END AS event_type,
+           CASE m.what
+             WHEN 'completed' THEN jsonb_strip_nulls(jsonb_build_object(
+               'charge_id', m.charge_id, 'replayed', coalesce(m.replayed, false),
+               'http_status', m.http_status, 'attempt', m.attempt, 'request_id', m.request_id))
+             WHEN 'search completed' THEN jsonb_strip_nulls(jsonb_build_object(
+               'charge_id', m.charge_id, 'via', 'search', 'attempt', m.attempt,
+               'request_id', m.request_id))
+             WHEN 'failed' THEN m.detail || jsonb_build_object('terminal', true)
+             WHEN 'retry' THEN m.detail || jsonb_build_object('terminal', false)
+             WHEN 'throttled' THEN m.detail || jsonb_build_object('terminal', false)
+             WHEN 'unknown' THEN m.detail
+             WHEN 'needs_review' THEN m.detail
+             WHEN 'search needs_review' THEN m.detail || jsonb_build_object('via', 'search')
+             WHEN 'not_sent' THEN jsonb_build_object('attempt', m.attempt, 'message', m.message)
+           END AS event
+      FROM mine m
+  ), updated AS (
+    UPDATE billguard.billing_records r
+       SET status = e.status,
+           attempts = r.attempts + e.attempts_delta,
+           unknown_cycles = CASE WHEN e.what = 'unknown'
+                                 THEN least(coalesce(r.unknown_cycles, 0) + 1, 32767)
+                                 ELSE r.unknown_cycles END,
+           next_attempt_at = e.next_attempt_at,
+           lease_expires_at = NULL,
+           last_error = CASE WHEN e.keeps_error THEN r.last_error ELSE e.last_error END,
+           charge_id = coalesce(e.charge_id, r.charge_id),
+           completed_at = CASE WHEN e.status = 'completed' THEN now() ELSE r.completed_at END,
+           updated_at = now()
+      FROM effect e
+     WHERE r.idempotency_key = e.key AND e.status IS NOT NULL
+  ), journaled AS (
+    -- The record's row lock serialises all writers of its entity, so
+    -- max + 1 cannot race.
+    INSERT INTO billguard.journal (persistence_id, seq_nr, customer_id, event_type, event)
+    SELECT p.id,
+           coalesce((SELECT max(j.seq_nr) FROM billguard.journal j WHERE j.persistence_id = p.id), 0) + 1,
+           e.customer_id, e.event_type, e.event
+      FROM effect e
+     CROSS JOIN LATERAL (SELECT 'billing-' || e.customer_id || '-' || e.billing_period AS id) p
+     WHERE e.event_type IS NOT NULL
+  )
+  SELECT CASE WHEN a.position IN (SELECT m.position FROM mine m) THEN 'recorded'
+              WHEN a.key IN (SELECT l.idempotency_key FROM locked l) THEN 'stale'
+              ELSE billguard.missed_attempt(a.key, a.attempt)
+         END
+    FROM answer a
+   ORDER BY a.position;
+END $$;
+
+CREATE OR REPLACE FUNCTION billguard.requeue_record(rec billguard.billing_records) RETURNS void
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+BEGIN
+  UPDATE billguard.billing_records r
+     SET status = 'pending', attempts = 0, unknown_cycles = NULL, next_attempt_at = now(),
+         updated_at = now()
+   WHERE r.idempotency_key = rec.idempotency_key;
+  PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'RecordRequeued',
+    jsonb_build_object('previous_status', rec.status, 'last_error', rec.last_error,
+                       'by', session_user));
+END $$;
+
+-- As in a fresh install: nothing granted to PUBLIC (only the function this
+-- section creates anew).
+REVOKE ALL ON FUNCTION billguard.claim_due_records(integer, interval, interval, text) FROM PUBLIC;

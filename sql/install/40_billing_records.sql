@@ -30,6 +30,13 @@ CREATE TABLE billguard.billing_records (
   -- settings or the code say by then (billguard.charge_request_body).
   stripe_endpoint     text,
   request_body        text,
+  -- Indeterminate answers (cached 500s) since the record was last queued: a
+  -- search that finds nothing after billguard.max_unknown_cycles of them
+  -- settles it as needs_review. Kept on the row rather than counted from
+  -- the journal's ChargeUnknown events on every claim; NULL (no bytes, a
+  -- bit of the null bitmap) for the records that never had one, which is
+  -- almost all of them, and for every row an upgrade found.
+  unknown_cycles      smallint,
   CONSTRAINT billing_records_pk PRIMARY KEY (idempotency_key),
   CONSTRAINT billing_records_uq UNIQUE (customer_id, billing_period),
   CONSTRAINT billing_records_period_valid CHECK (billguard.is_billing_period(billing_period)),

@@ -69,7 +69,8 @@ CREATE FUNCTION billguard.charge_request_body(endpoint text, idempotency_key tex
 -- action says what to send:
 --   'charge'  POST the stored body to the stored endpoint with the key;
 --   'search'  look the charge up first: the outcome of an earlier attempt
---             is unknown (a cached 500), or the record was claimed (created)
+--             is unknown (a cached 500; unknown_cycles says how many the
+--             record has had), or the record was claimed (created)
 --             longer than idempotency_window ago, so Stripe may have pruned
 --             the key of a request the record no longer knows it sent (a
 --             backup restored from between that request and its recording
@@ -79,7 +80,8 @@ CREATE FUNCTION billguard.charge_request_body(endpoint text, idempotency_key tex
 CREATE FUNCTION billguard.claim_due_records(max_rows integer, lease interval,
                                             idempotency_window interval, endpoint text)
   RETURNS TABLE (idempotency_key text, attempt integer, action text, customer_id text,
-                 billing_period text, stripe_endpoint text, request_body text)
+                 billing_period text, stripe_endpoint text, request_body text,
+                 unknown_cycles integer)
   LANGUAGE plpgsql
   SET search_path = pg_catalog, pg_temp
   SET enable_seqscan = off
@@ -117,7 +119,7 @@ BEGIN
       FROM due
      WHERE r.idempotency_key = due.idempotency_key
     RETURNING r.idempotency_key, r.attempts, r.customer_id, r.billing_period,
-              r.stripe_endpoint, r.request_body,
+              r.stripe_endpoint, r.request_body, r.unknown_cycles,
               CASE WHEN due.status = 'unknown'
                      OR least(due.created_at, due.first_dispatched_at) < now() - idempotency_window
                    THEN 'search' ELSE 'charge' END AS action
@@ -132,7 +134,7 @@ BEGIN
      CROSS JOIN LATERAL (SELECT 'billing-' || c.customer_id || '-' || c.billing_period AS id) p
   )
   SELECT c.idempotency_key, c.attempts, c.action, c.customer_id, c.billing_period,
-         c.stripe_endpoint, c.request_body
+         c.stripe_endpoint, c.request_body, coalesce(c.unknown_cycles, 0)::integer
     FROM claimed c;
 END $$;
 
@@ -191,7 +193,8 @@ CREATE FUNCTION billguard.error_text(detail jsonb) RETURNS text
 --     failed        not charged (a decline, a 4xx)           BillingFailed, terminal
 --     retry         again after retry_delay(attempt)         BillingFailed, not terminal
 --     throttled     a 429 or 409: the same, backoff capped at a minute
---     unknown       a cached 500: search after settle_delay  ChargeUnknown
+--     unknown       a cached 500: search after settle_delay,
+--                   unknown_cycles + 1                       ChargeUnknown
 --     needs_review  a person must look; never re-sent        NeedsReview
 --     paused        the API key was refused: not counted     -
 --     not_sent      never left: not counted, due again (the
@@ -201,6 +204,9 @@ CREATE FUNCTION billguard.error_text(detail jsonb) RETURNS text
 --     completed     found charged: charge_id                 ChargeReconciled
 --     absent        not found: nothing changes, the dispatcher sends the
 --                   charge now with the same key and lease
+--     needs_review  not found after max_unknown_cycles indeterminate
+--                   answers: re-sending would only get the cached 500
+--                   replayed; never re-sent                  NeedsReview
 --     retry         the search told nothing: unknown, again after retry_delay
 --     paused        the API key was refused: unknown, not counted
 --     not_sent      never left: the same
@@ -229,7 +235,7 @@ BEGIN
     FROM jsonb_to_recordset(answers) AS a(search boolean, outcome text)
    WHERE NOT coalesce(a.search IS NOT NULL AND a.outcome IN ('completed', 'retry', 'paused', 'not_sent')
                        OR a.search = false AND a.outcome IN ('failed', 'throttled', 'unknown', 'needs_review')
-                       OR a.search AND a.outcome = 'absent', false)
+                       OR a.search AND a.outcome IN ('absent', 'needs_review'), false)
    LIMIT 1;
   IF FOUND THEN
     RAISE EXCEPTION 'no such outcome of an answer (search/outcome): %', unknown_outcome
@@ -260,11 +266,12 @@ BEGIN
       FROM answer a
       JOIN locked l ON l.idempotency_key = a.key AND l.status = 'dispatching' AND l.attempts = a.attempt
   ), effect AS (
-    SELECT m.key, m.customer_id, m.billing_period,
+    SELECT m.key, m.customer_id, m.billing_period, m.what,
            CASE WHEN m.what IN ('completed', 'search completed') THEN m.charge_id END AS charge_id,
            CASE m.what
              WHEN 'completed' THEN 'completed' WHEN 'search completed' THEN 'completed'
              WHEN 'failed' THEN 'failed' WHEN 'needs_review' THEN 'needs_review'
+             WHEN 'search needs_review' THEN 'needs_review'
              WHEN 'retry' THEN 'pending' WHEN 'throttled' THEN 'pending'
              WHEN 'paused' THEN 'pending' WHEN 'not_sent' THEN 'pending'
              WHEN 'search absent' THEN NULL   -- nothing changes
@@ -286,7 +293,7 @@ BEGIN
            CASE
              WHEN m.what IN ('completed', 'search completed') THEN NULL
              WHEN m.what = 'not_sent' THEN 'not sent: ' || m.message
-             WHEN m.what = 'search retry' THEN m.message
+             WHEN m.what IN ('search retry', 'search needs_review') THEN m.message
              ELSE billguard.error_text(m.detail)
            END AS last_error,
            CASE m.what
@@ -294,6 +301,7 @@ BEGIN
              WHEN 'failed' THEN 'BillingFailed' WHEN 'retry' THEN 'BillingFailed'
              WHEN 'throttled' THEN 'BillingFailed' WHEN 'unknown' THEN 'ChargeUnknown'
              WHEN 'needs_review' THEN 'NeedsReview' WHEN 'not_sent' THEN 'ChargeNotSent'
+             WHEN 'search needs_review' THEN 'NeedsReview'
            END AS event_type,
            CASE m.what
              WHEN 'completed' THEN jsonb_strip_nulls(jsonb_build_object(
@@ -307,6 +315,7 @@ BEGIN
              WHEN 'throttled' THEN m.detail || jsonb_build_object('terminal', false)
              WHEN 'unknown' THEN m.detail
              WHEN 'needs_review' THEN m.detail
+             WHEN 'search needs_review' THEN m.detail || jsonb_build_object('via', 'search')
              WHEN 'not_sent' THEN jsonb_build_object('attempt', m.attempt, 'message', m.message)
            END AS event
       FROM mine m
@@ -314,6 +323,9 @@ BEGIN
     UPDATE billguard.billing_records r
        SET status = e.status,
            attempts = r.attempts + e.attempts_delta,
+           unknown_cycles = CASE WHEN e.what = 'unknown'
+                                 THEN least(coalesce(r.unknown_cycles, 0) + 1, 32767)
+                                 ELSE r.unknown_cycles END,
            next_attempt_at = e.next_attempt_at,
            lease_expires_at = NULL,
            last_error = CASE WHEN e.keeps_error THEN r.last_error ELSE e.last_error END,

@@ -21,14 +21,18 @@
 --      counted; ChargeNotSent); every event carries the Request-Id; a stale
 --      attempt -> 'stale' and nothing changes.
 --  record_search_result  completed (ChargeReconciled), absent (nothing
---      changes: the charge is sent next), retry (unknown, backoff), paused
---      and not_sent (unknown, not counted); stale.
+--      changes: the charge is sent next), needs_review (the dispatcher's
+--      max_unknown_cycles reached: settled, NeedsReview via search, the
+--      reason in last_error), retry (unknown, backoff), paused and not_sent
+--      (unknown, not counted); stale. An 'unknown' answer counts one more
+--      unknown cycle, claim_due_records returns the count, and retry_record
+--      clears it.
 --  release_claim  an unsent claim goes back (pending, or unknown for a
 --      search), the attempt not counted; stale otherwise.
 --  retry_record / resolve_record  allowed statuses, 22023 / P0002
 --      otherwise, events RecordRequeued / ReviewResolved.
 BEGIN;
-SELECT plan(123);
+SELECT plan(130);
 
 -- Other suites' rows (if any) must not be claimed here.
 UPDATE billguard.billing_records SET next_attempt_at = 'infinity'
@@ -43,7 +47,7 @@ SELECT 't10_' || n, 'cus_t10_' || n, 1000 + row_number() OVER (), CASE WHEN n = 
     'r200', 'r200b', 'r200noid', 'r402', 'r400', 'r409', 'r429', 'r503', 'r503last', 'r500', 'r401', 'r403',
     'srtrue', 'srfalse', 'sr500false', 'r502html', 'stale',
     'net', 'netlast', 'netstale',
-    'sfound', 'sproc', 'spaid', 'snone', 'sother', 'sdeclined', 'serr', 'shtml', 's401', 'sstale',
+    'sfound', 'sproc', 'spaid', 'snone', 'sother', 'sdeclined', 'serr', 'shtml', 's401', 'sstale', 'scycles',
     'rel_charge', 'rel_search', 'rel_stale',
     'rt_failed', 'rt_review', 'rt_pending', 'rt_completed', 'rt_unknown', 'rt_dispatching', 'rt_blocked',
     'rs_review', 'rs_failed', 'rs_unknown', 'rs_pending', 'rs_completed', 'rs_dispatching', 'rs_blocked'
@@ -325,6 +329,7 @@ SELECT results_eq($$SELECT status, next_attempt_at, lease_expires_at, charge_id,
                   'unknown: next_attempt_at = now() + settle delay, no charge id');
 SELECT is(pg_temp.t10_last_type('r500') || ' ' || (pg_temp.t10_last('r500') ->> 'request_id'), 'ChargeUnknown req_t10r500',
           'unknown: ChargeUnknown with the Request-Id');
+SELECT is((pg_temp.t10_r('r500')).unknown_cycles, 1::smallint, 'unknown: one unknown cycle counted');
 
 -- paused
 SELECT is(pg_temp.t10_answer('r401', (SELECT 4 FROM pg_temp.t10_dispatching('r401', 4)), 'paused', 401, NULL,
@@ -410,6 +415,27 @@ SELECT results_eq($$SELECT status, attempts, lease_expires_at FROM pg_temp.t10_r
                   $$VALUES ('dispatching', 3, now() + interval '40 seconds')$$,
                   'search found nothing: the record keeps its attempt and lease (the charge is sent next, same key)');
 SELECT is(pg_temp.t10_nevents('snone'), 1::bigint, 'search found nothing: no event');
+
+-- Found nothing after the dispatcher's max_unknown_cycles: settled for review.
+UPDATE billguard.billing_records SET status = 'unknown', unknown_cycles = 4, next_attempt_at = '1999-01-01'
+ WHERE customer_id = 't10_scycles';
+SELECT results_eq($$SELECT attempt, action, unknown_cycles
+                      FROM billguard.claim_due_records(100, interval '30 seconds', interval '1 day', '/v1/payment_intents')
+                     WHERE customer_id = 't10_scycles'$$,
+                  $$VALUES (1, 'search', 4)$$, 'claim_due_records returns the record''s unknown cycles');
+SELECT is(pg_temp.t10_search('scycles', 1, 'needs_review', 200, NULL,
+            'no charge found for the key after 4 indeterminate answers, each followed by a search (max_unknown_cycles): reconcile before retrying'),
+          'recorded', 'search found nothing past max_unknown_cycles: recorded');
+SELECT results_eq($$SELECT status, next_attempt_at, lease_expires_at, last_error FROM pg_temp.t10_r('scycles')$$,
+                  $$VALUES ('needs_review', NULL::timestamptz, NULL::timestamptz,
+                            'no charge found for the key after 4 indeterminate answers, each followed by a search (max_unknown_cycles): reconcile before retrying')$$,
+                  'past max_unknown_cycles: needs_review, out of the queue, no lease, the reason in last_error');
+SELECT is(pg_temp.t10_last_type('scycles'), 'NeedsReview', 'past max_unknown_cycles: NeedsReview');
+SELECT is(pg_temp.t10_last('scycles'),
+          '{"http_status": 200, "message": "no charge found for the key after 4 indeterminate answers, each followed by a search (max_unknown_cycles): reconcile before retrying", "request_id": "req_t10scycles", "attempt": 1, "via": "search"}'::jsonb,
+          'NeedsReview: the reason, the search''s Request-Id, the attempt, via search');
+SELECT is(billguard.retry_record('t10_scycles', '2031-10') || ' ' || coalesce((pg_temp.t10_r('scycles')).unknown_cycles::text, 'none'),
+          'pending none', 'retry_record counts unknown cycles from none again');
 
 SELECT is(pg_temp.t10_search('serr', (SELECT 2 FROM pg_temp.t10_dispatching('serr', 2)), 'retry', 500, NULL,
             'search failed with HTTP 500'), 'recorded', 'search told nothing: recorded');

@@ -139,20 +139,38 @@ void Fields() {
       key + R"("}},{"id":"pi_ours","status":"succeeded","metadata":{"billguard_key":")" + key +
       R"("}}]})");
   Is(s.found_id, "pi_ours", "search: the charged object carrying the key");
-  Is(billguard::OutcomeName(billguard::JudgeSearch(s)), "completed", "search found: completed");
+  Is(billguard::OutcomeName(billguard::JudgeSearch(s, 0, 5)), "completed",
+     "search found: completed");
   s = search(R"({"data":[{"id":"ch_1","object":"charge","paid":true,"status":"pending",)"
              R"("metadata":{"billguard_key":")" +
              key + R"("}}]})");
   Is(s.found_id, "ch_1", "search: a paid charge counts");
   s = search(R"({"data":[]})");
-  Is(billguard::OutcomeName(billguard::JudgeSearch(s)), "absent", "search found nothing: absent");
+  Is(billguard::OutcomeName(billguard::JudgeSearch(s, 0, 5)), "absent",
+     "search found nothing: absent");
   s = search(R"({"data":{"id":"pi_ours"}})");
-  Is(billguard::OutcomeName(billguard::JudgeSearch(s)), "retry", "search without a list: retry");
+  Is(billguard::OutcomeName(billguard::JudgeSearch(s, 0, 5)), "retry",
+     "search without a list: retry");
   s = billguard::ReadSearchAnswer(Answer(500, Error("api_error")), key);
-  Is(std::string(billguard::OutcomeName(billguard::JudgeSearch(s))) + "|" + s.message,
+  Is(std::string(billguard::OutcomeName(billguard::JudgeSearch(s, 0, 5))) + "|" + s.message,
      "retry|search failed with HTTP 500", "search answered 500: retry");
+  s = search(R"({"data":[]})");
+  Is(billguard::OutcomeName(billguard::JudgeSearch(s, 4, 5)), "absent",
+     "search found nothing after 4 of max_unknown_cycles 5: absent, re-sent");
+  Is(std::string(billguard::OutcomeName(billguard::JudgeSearch(s, 5, 5))) + "|" + s.message,
+     "needs_review|no charge found for the key after 5 indeterminate answers, each followed by a "
+     "search (max_unknown_cycles): reconcile before retrying",
+     "search found nothing after max_unknown_cycles 5: needs_review, with the reason");
+  s = search(R"({"data":[{"id":"pi_late","status":"succeeded","metadata":{"billguard_key":")" +
+             key + R"("}}]})");
+  Is(billguard::OutcomeName(billguard::JudgeSearch(s, 5, 5)), "completed",
+     "search found the charge after max_unknown_cycles: completed all the same");
+  s = billguard::ReadSearchAnswer(Answer(500, Error("api_error")), key);
+  Is(billguard::OutcomeName(billguard::JudgeSearch(s, 5, 5)), "retry",
+     "search answered 500 after max_unknown_cycles: retry (it told nothing)");
   s = billguard::ReadSearchAnswer(Answer(401, ""), key);
-  Is(billguard::OutcomeName(billguard::JudgeSearch(s)), "paused", "search answered 401: paused");
+  Is(billguard::OutcomeName(billguard::JudgeSearch(s, 0, 5)), "paused",
+     "search answered 401: paused");
 }
 
 // Answers that must each end in one sensible outcome, never a crash: the

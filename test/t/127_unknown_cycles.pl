@@ -1,0 +1,109 @@
+# A 500 that created nothing: the record goes unknown, a search finds
+# nothing, the charge is re-sent with the same key, and so on. Stripe
+# replays a cached 500 for the key to every re-send, so billguard stops after
+# billguard.max_unknown_cycles (3 here) indeterminate answers, each followed
+# by a search that found nothing: the record needs review, never re-sent.
+# Requests are counted at the emulator (its request log).
+#
+#   never     the first POST gets a 500 that created nothing, cached and
+#             replayed to every re-send: after exactly 3 POSTs and 3
+#             searches the record is needs_review (settled: out of the
+#             queue, no lease), last_error and a NeedsReview event say why,
+#             the server log says so; nothing is charged and nothing more
+#             is sent; retry_record requeues it with its cycles counted
+#             from 0 again
+#   third     the first two POSTs get a 500 from before the endpoint
+#             executes (nothing created, nothing saved), the third charges:
+#             completed after 3 POSTs and 2 searches, exactly one charge
+use strict;
+use warnings;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(sleep time);
+use JSON::PP;
+use BillguardTest;
+use DispatchScenario;
+
+my $emulator_log = "$PostgreSQL::Test::Utils::log_path/127_emulator.log";
+my $emulator = StripeEmulatorHarness->start(quiet => 0, stderr => $emulator_log);
+my $node = dispatch_node('unknown_cycles', $emulator,
+	"billguard.max_unknown_cycles = 3",
+	"billguard.search_settle_delay = '0'");
+add_accounts($node, 2);
+is(q1($node, 'SHOW billguard.max_unknown_cycles'), '3', 'max_unknown_cycles is set to 3');
+
+# Charges (POST) and searches (GET .../search) in the emulator's request log.
+sub requests_logged {
+	my @lines = split /\n/, (eval { slurp_file($emulator_log) } // '');
+	return (scalar(grep { m{^POST /v1/payment_intents } } @lines),
+		scalar(grep { m{^GET /v1/payment_intents/search} } @lines));
+}
+
+# ---- never: every POST gets a 500 that created nothing --------------------------
+{
+	my ($c, $p) = ('cust_000001', '2031-01');
+	my $key = key_of($node, $c, $p);
+	my ($posts_before, $searches_before) = requests_logged();
+	is($emulator->add_fault(kind => 'status', status => 500, count => 1, create => JSON::PP::false)->{json}{queued}, 1,
+		'never: a 500 that creates nothing, saved for the key and replayed');
+	is(bill($node, $c, $p), 'initiated', 'never: billed');
+	ok(wait_for('the record to settle', 60, sub { status_of($node, $c, $p) !~ /^(pending|dispatching|unknown)$/ }),
+		'never: the record settles');
+	is(status_of($node, $c, $p), 'needs_review', 'never: it needs review');
+	my ($posts, $searches) = requests_logged();
+	is($posts - $posts_before, 3, 'never: exactly max_unknown_cycles (3) POSTs reached the emulator');
+	is($searches - $searches_before, 3, 'never: and 3 searches, each of which found nothing');
+	is(scalar(@{ ledger_for_key($emulator, $key) }), 0, 'never: no charge at the emulator');
+	is(q1($node, qq{SELECT count(*) FILTER (WHERE event_type = 'ChargeUnknown') || ' ' || count(*) FILTER (WHERE event_type = 'NeedsReview')
+		FROM billguard.journal WHERE persistence_id = 'billing-$c-$p'}), '3 1', 'never: three ChargeUnknown, one NeedsReview');
+	my $review = events_of($node, $c, $p, 'NeedsReview')->[0];
+	is($review->{via}, 'search', 'never: NeedsReview comes from the search');
+	like($review->{message}, qr/^no charge found for the key after 3 indeterminate answers.*max_unknown_cycles/,
+		'never: NeedsReview says why');
+	ok($review->{request_id} && defined $review->{attempt}, 'never: with the search\'s request id and the attempt');
+	like(q1($node, "SELECT last_error FROM billguard.billing_records WHERE customer_id = '$c' AND billing_period = '$p'"),
+		qr/^no charge found for the key after 3 indeterminate answers, each followed by a search \(max_unknown_cycles\)/,
+		'never: last_error says why');
+	is(q1($node, qq{SELECT (next_attempt_at IS NULL) || ' ' || (lease_expires_at IS NULL) || ' ' || unknown_cycles
+		FROM billguard.billing_records WHERE customer_id = '$c' AND billing_period = '$p'}), 'true true 3',
+		'never: settled (out of the queue, no lease), three cycles counted');
+	like(slurp_file($node->logfile), qr/billguard dispatcher: \Q$c\/$p\E is needs_review: no charge found for the key after 3/,
+		'never: the dispatcher logs it');
+	my $requests = $emulator->stats->{requests};
+	sleep 1.5;
+	is($emulator->stats->{requests}, $requests, 'never: nothing more is sent');
+
+	# An operator's retry starts the count again: three more cycles.
+	is(q1($node, "SELECT billguard.retry_record('$c', '$p')"), 'pending', 'never: retry_record requeues it');
+	ok(wait_for('the retried record to settle', 60, sub { status_of($node, $c, $p) !~ /^(pending|dispatching|unknown)$/ }),
+		'never: the retried record settles');
+	my ($posts_after, $searches_after) = requests_logged();
+	is(status_of($node, $c, $p) . ' ' . ($posts_after - $posts) . ' ' . ($searches_after - $searches), 'needs_review 3 3',
+		'never: after the retry, needs_review again after 3 more POSTs and 3 more searches');
+	is(scalar(@{ ledger_for_key($emulator, $key) }), 0, 'never: still no charge');
+}
+
+# ---- third: the third cycle charges ----------------------------------------------
+{
+	my ($c, $p) = ('cust_000002', '2031-01');
+	my $key = key_of($node, $c, $p);
+	my ($posts_before, $searches_before) = requests_logged();
+	is($emulator->add_fault(kind => 'status', status => 500, count => 2, executes => JSON::PP::false)->{json}{queued}, 2,
+		'third: two 500s from before the endpoint executes (nothing created, nothing saved)');
+	is(bill($node, $c, $p), 'initiated', 'third: billed');
+	ok(wait_for('the record to settle', 60, sub { status_of($node, $c, $p) !~ /^(pending|dispatching|unknown)$/ }),
+		'third: the record settles');
+	my $charges = succeeded_for_key($emulator, $key);
+	is(scalar(@$charges), 1, 'third: exactly one charge at the emulator');
+	is(record_of($node, $c, $p), "completed|" . ($charges->[0]{id} // '') . "|3",
+		'third: completed with that charge after three attempts');
+	my ($posts, $searches) = requests_logged();
+	is(($posts - $posts_before) . ' ' . ($searches - $searches_before), '3 2', 'third: 3 POSTs and 2 searches');
+	is(event_types($node, $c, $p),
+		'BillingInitiated,ChargeAttempted,ChargeUnknown,ChargeAttempted,ChargeUnknown,ChargeAttempted,BillingCompleted',
+		'third: unknown twice, then completed');
+}
+
+$node->stop;
+$emulator->stop;
+done_testing();
