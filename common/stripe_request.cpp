@@ -48,7 +48,7 @@ std::string PercentEncode(const std::string& text) {
   return out;
 }
 
-FormFields ChargeFields(const ChargeRecord& r, const std::string& endpoint) {
+FormFields ChargeFields(const ChargeRecord& r, const std::string& endpoint, ChargeForm form) {
   FormFields fields = {
       {"amount", std::to_string(r.amount_cents)},
       {"currency", r.currency},
@@ -58,6 +58,17 @@ FormFields ChargeFields(const ChargeRecord& r, const std::string& endpoint) {
     if (!r.payment_method.empty()) fields.emplace_back("payment_method", r.payment_method);
     fields.emplace_back("confirm", "true");
     fields.emplace_back("off_session", "true");
+    // From API version 2023-08-16 a PaymentIntent without payment method
+    // types takes the dashboard's automatic payment methods, and confirming
+    // one that may redirect asks for a return_url, which an off-session
+    // charge can never use. Automatic methods without redirects, rather
+    // than payment_method_types[]=card, keep every saved method that needs
+    // no customer (cards, SEPA and ACH debits, whose charges come back
+    // "processing") whatever the account's settings and API version.
+    if (form == ChargeForm::kOffSession) {
+      fields.emplace_back("automatic_payment_methods[enabled]", "true");
+      fields.emplace_back("automatic_payment_methods[allow_redirects]", "never");
+    }
   } else if (endpoint == "/v1/charges") {
     if (!r.payment_method.empty()) fields.emplace_back("source", r.payment_method);
   } else {

@@ -33,9 +33,21 @@ std::string FormEncode(const FormFields& fields);
 // Percent-encoding of one URL component (RFC 3986 unreserved kept).
 std::string PercentEncode(const std::string& text);
 
+// The shapes of charge body billguard has sent. A record keeps the body of
+// its first attempt for good (billing_records.request_body), so an older
+// shape is built only to restore what a record was first sent with.
+enum class ChargeForm {
+  // 0.1.0: a PaymentIntent left the choice of payment methods to the
+  // account's dashboard settings and API version. The upgrade from 0.1.0
+  // stores this body for the records 0.1.0 had sent: never change it.
+  kRelease010,
+  // A PaymentIntent that says how it may be paid: see ChargeFields.
+  kOffSession,
+};
+
 // The charge's parameters for /v1/payment_intents or /v1/charges; any other
 // endpoint is refused (InvalidParameter).
-FormFields ChargeFields(const ChargeRecord& record, const std::string& endpoint);
+FormFields ChargeFields(const ChargeRecord& record, const std::string& endpoint, ChargeForm form);
 
 // The search path that finds a charge by its key, e.g.
 // /v1/payment_intents/search?query=metadata%5B%27billguard_key%27%5D%3A%27<key>%27

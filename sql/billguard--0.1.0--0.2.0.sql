@@ -3102,3 +3102,17 @@ END $$;
 -- As in a fresh install: nothing granted to PUBLIC (only the function this
 -- section creates anew).
 REVOKE ALL ON FUNCTION billguard.claim_due_records(integer, interval, interval, text) FROM PUBLIC;
+
+-- A PaymentIntent says how it may be paid (automatic payment methods without
+-- redirects), so that it does not depend on the account's dashboard settings
+-- or API version. Only records first claimed from now on get that body: the
+-- records 0.1.0 had sent got 0.1.0's body earlier in this script, from the C
+-- symbol billguard_charge_request_body, which still builds exactly that.
+CREATE OR REPLACE FUNCTION billguard.charge_request_body(endpoint text, idempotency_key text,
+                                              customer_id text, billing_period text,
+                                              amount_cents bigint, currency text,
+                                              stripe_customer text, payment_method text)
+  RETURNS text
+  LANGUAGE c IMMUTABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  AS 'MODULE_PATHNAME', 'billguard_charge_request_body_v2';

@@ -51,6 +51,9 @@ $$;
 
 -- The form body of a record's charge (extension/charge_request.cpp, over the
 -- encoder of common/stripe_request.*); stored by the claim that first sends it.
+-- A PaymentIntent says how it may be paid (automatic payment methods without
+-- redirects), so it does not depend on the account's dashboard settings or
+-- API version; records first sent with an older body keep it.
 CREATE FUNCTION billguard.charge_request_body(endpoint text, idempotency_key text,
                                               customer_id text, billing_period text,
                                               amount_cents bigint, currency text,
@@ -58,7 +61,7 @@ CREATE FUNCTION billguard.charge_request_body(endpoint text, idempotency_key tex
   RETURNS text
   LANGUAGE c IMMUTABLE PARALLEL SAFE
   SET search_path = pg_catalog, pg_temp
-  AS 'MODULE_PATHNAME', 'billguard_charge_request_body';
+  AS 'MODULE_PATHNAME', 'billguard_charge_request_body_v2';
 
 -- Claims up to max_rows due records: status 'dispatching', attempts + 1,
 -- first_dispatched_at set once, a lease (lease_expires_at: a dispatching row

@@ -29,7 +29,7 @@ sub run_binary {
   my ($code, $out, $err) = run_binary('--help');
   is($code, 0, '--help exits 0');
   like($out, qr/usage: billguard-stripe-emulator --listen HOST:PORT/, '--help prints usage on stdout');
-  like($out, qr/--idempotency-ttl.*--rate-limit.*--latency-ms.*--api-key.*--search-delay-ms.*--quiet/s,
+  like($out, qr/--idempotency-ttl.*--rate-limit.*--latency-ms.*--api-key.*--search-delay-ms.*--api-version.*--quiet/s,
     '--help lists every flag');
 }
 
@@ -41,6 +41,7 @@ for my $case (
   [['--listen', '127.0.0.1:0', '--latency-ms'],  'flag without value'],
   [['--listen', '127.0.0.1:0', '--rate-limit', 'ten'], 'non-numeric value'],
   [['--listen', '127.0.0.1:0', '--idempotency-ttl', '-1'], 'negative value'],
+  [['--listen', '127.0.0.1:0', '--api-version', 'latest'], 'an API version that is not a date'],
 ) {
   my ($args, $what) = @$case;
   my ($code, $out, $err) = run_binary(@$args);

@@ -37,11 +37,54 @@ subtest 'confirmed PaymentIntent succeeds and is in the ledger' => sub {
     id => $intent->{id}, object => 'payment_intent', amount => 1999, currency => 'usd',
     customer => 'cus_harness', status => 'succeeded', metadata => {billguard_key => 'period-1'},
     created => $intent->{created}, idempotency_key => 'happy-1',
-  }, 'ledger entry fields');
+    automatic_payment_methods => undef, payment_method_types => ['card'],
+  }, 'ledger entry fields (how it may be paid: the default of API versions before 2023-08-16)');
 
   my $fetched = $emulator->get("/v1/payment_intents/$intent->{id}");
   is($fetched->{status}, 200, 'retrieve: 200');
   is($fetched->{content}, $response->{content}, 'retrieve returns the same object');
+};
+
+subtest 'how a PaymentIntent may be paid, and the API version' => sub {
+  my $new_version = {headers => {'Stripe-Version' => '2024-06-20'}};
+  my $bare = $emulator->post_form('/v1/payment_intents', intent_params(), %$new_version);
+  is($bare->{status}, 400, 'Stripe-Version 2024-06-20, confirmed off session, no choice made: 400');
+  is($bare->{json}{error}{type} . ' ' . $bare->{json}{error}{param}, 'invalid_request_error return_url',
+    'an invalid_request_error about return_url');
+  like($bare->{json}{error}{message}, qr/you must provide a `return_url`.*`automatic_payment_methods\[allow_redirects\]` to `never`/,
+    'saying what to do');
+  my $no_redirects = $emulator->post_form('/v1/payment_intents',
+    intent_params('automatic_payment_methods[enabled]' => 'true', 'automatic_payment_methods[allow_redirects]' => 'never'),
+    %$new_version, idempotency_key => 'apm-never');
+  is($no_redirects->{status}, 200, 'automatic payment methods without redirects: 200');
+  is_deeply($no_redirects->{json}{automatic_payment_methods}, {enabled => JSON::PP::true, allow_redirects => 'never'},
+    'the PaymentIntent says so');
+  my ($entry) = grep { ($_->{idempotency_key} // '') eq 'apm-never' } @{ $emulator->ledger };
+  is_deeply([$entry->{automatic_payment_methods}, $entry->{payment_method_types}],
+    [{enabled => JSON::PP::true, allow_redirects => 'never'}, []], 'and so does its ledger entry');
+  my $cards = $emulator->post_form('/v1/payment_intents', intent_params('payment_method_types[]' => 'card'), %$new_version);
+  is($cards->{status} . ' ' . join(',', @{ $cards->{json}{payment_method_types} // [] }), '200 card',
+    'payment_method_types[]=card: 200');
+  is($emulator->post_form('/v1/payment_intents', intent_params(return_url => 'https://example.com/back'), %$new_version)->{status},
+    200, 'a return_url: 200');
+  is($emulator->post_form('/v1/payment_intents', intent_params())->{status}, 200,
+    'no Stripe-Version: the account\'s default (2020-08-27) takes cards, 200');
+  is($emulator->post_form('/v1/payment_intents', intent_params(confirm => 'false'), %$new_version)->{status}, 200,
+    'an unconfirmed PaymentIntent needs no return_url yet');
+  my $account = StripeEmulatorHarness->start(args => ['--api-version', '2023-08-16']);
+  is($account->post_form('/v1/payment_intents', intent_params())->{status}, 400,
+    'an emulator started with --api-version 2023-08-16: no Stripe-Version, no choice made: 400');
+  is($account->post_form('/v1/payment_intents', intent_params(), headers => {'Stripe-Version' => '2022-11-15'})->{status}, 200,
+    'the request\'s Stripe-Version 2022-11-15 wins: 200');
+  $account->stop;
+  for my $bad ([['automatic_payment_methods[allow_redirects]' => 'never'], 'allow_redirects without enabled'],
+               [['automatic_payment_methods[enabled]' => 'yes'], 'enabled not a boolean'],
+               [['automatic_payment_methods[enabled]' => 'true', 'automatic_payment_methods[allow_redirects]' => 'sometimes'], 'allow_redirects neither always nor never'],
+               [['automatic_payment_methods[enabled]' => 'true', 'payment_method_types[0]' => 'card'], 'both']) {
+    is($emulator->post_form('/v1/payment_intents', intent_params(@{ $bad->[0] }))->{status}, 400, "refused: $bad->[1]");
+  }
+  is($emulator->post_form('/v1/charges', [amount => 500, currency => 'usd', customer => 'cus_harness',
+    'automatic_payment_methods[enabled]' => 'true'])->{status}, 400, 'a Charge knows no automatic_payment_methods');
 };
 
 subtest 'unconfirmed PaymentIntent waits for confirmation' => sub {

@@ -22,10 +22,11 @@ CREATE FUNCTION pg_temp.r(c text) RETURNS billguard.billing_records LANGUAGE sql
 SELECT is(billguard.charge_request_body('/v1/payment_intents', '0f3fe6c7ee131571ac54c216d9553542', 'cust 1&2',
                                         '2026-08', 4900, 'usd', 'cus_123', 'pm_card_visa'),
           'amount=4900&currency=usd&customer=cus_123&payment_method=pm_card_visa&confirm=true'
-          '&off_session=true&description=billguard+cust+1%262+2026-08'
+          '&off_session=true&automatic_payment_methods%5Benabled%5D=true'
+          '&automatic_payment_methods%5Ballow_redirects%5D=never&description=billguard+cust+1%262+2026-08'
           '&metadata%5Bbillguard_key%5D=0f3fe6c7ee131571ac54c216d9553542'
           '&metadata%5Bbilling_period%5D=2026-08&metadata%5Bcustomer_id%5D=cust+1%262',
-          'charge_request_body: the PaymentIntent body, byte for byte');
+          'charge_request_body: the PaymentIntent body, byte for byte, saying how it may be paid');
 SELECT is(billguard.charge_request_body('/v1/charges', 'k', 'c', '2026-08', 100, 'usd', 'cus_1', NULL),
           'amount=100&currency=usd&customer=cus_1&description=billguard+c+2026-08'
           '&metadata%5Bbillguard_key%5D=k&metadata%5Bbilling_period%5D=2026-08&metadata%5Bcustomer_id%5D=c',

@@ -12,7 +12,10 @@ async function main() {
     try {
       const intent = await stripe.paymentIntents.create(
         { amount: Number(amount), currency: 'usd', customer: `cus_node${i}`,
-          payment_method: 'pm_card_visa', confirm: true, off_session: true },
+          payment_method: 'pm_card_visa', confirm: true, off_session: true,
+          // The client's API version turns automatic payment methods on:
+          // without redirects, as billguard asks, no return_url is needed.
+          automatic_payment_methods: { enabled: true, allow_redirects: 'never' } },
         { idempotencyKey: `node-client-${i}` });
       console.log(JSON.stringify({ id: intent.id, status: intent.status, amount: intent.amount }));
     } catch (error) {

@@ -33,25 +33,42 @@ int main() {
   Is(FormEncode({{"a", "1"}, {"b c", "x&y=z"}, {"metadata[k]", "ü~"}}),
      "a=1&b+c=x%26y%3Dz&metadata%5Bk%5D=%C3%BC~",
      "form encoding escapes reserved bytes, UTF-8 and spaces");
-  Is(FormEncode(billguard::ChargeFields(Record(), "/v1/payment_intents")),
+  using billguard::ChargeForm;
+  Is(FormEncode(billguard::ChargeFields(Record(), "/v1/payment_intents", ChargeForm::kOffSession)),
+     "amount=4900&currency=usd&customer=cus_123&payment_method=pm_card_visa&confirm=true"
+     "&off_session=true&automatic_payment_methods%5Benabled%5D=true"
+     "&automatic_payment_methods%5Ballow_redirects%5D=never"
+     "&description=billguard+cust+1%262+2026-08"
+     "&metadata%5Bbillguard_key%5D=0f3fe6c7ee131571ac54c216d9553542"
+     "&metadata%5Bbilling_period%5D=2026-08&metadata%5Bcustomer_id%5D=cust+1%262",
+     "PaymentIntent parameters, in a fixed order, saying how it may be paid (no redirects)");
+  // What 0.1.0 sent, byte for byte: the upgrade stores it for the records
+  // 0.1.0 had sent, which must be re-sent exactly so.
+  Is(FormEncode(billguard::ChargeFields(Record(), "/v1/payment_intents", ChargeForm::kRelease010)),
      "amount=4900&currency=usd&customer=cus_123&payment_method=pm_card_visa&confirm=true"
      "&off_session=true&description=billguard+cust+1%262+2026-08"
      "&metadata%5Bbillguard_key%5D=0f3fe6c7ee131571ac54c216d9553542"
      "&metadata%5Bbilling_period%5D=2026-08&metadata%5Bcustomer_id%5D=cust+1%262",
-     "PaymentIntent parameters, in a fixed order");
-  Ok(FormEncode(billguard::ChargeFields(Record(), "/v1/payment_intents")) ==
-         FormEncode(billguard::ChargeFields(Record(), "/v1/payment_intents")),
+     "0.1.0's PaymentIntent parameters, unchanged");
+  Ok(FormEncode(
+         billguard::ChargeFields(Record(), "/v1/payment_intents", ChargeForm::kOffSession)) ==
+         FormEncode(
+             billguard::ChargeFields(Record(), "/v1/payment_intents", ChargeForm::kOffSession)),
      "byte-identical on every attempt");
   auto no_method = Record();
   no_method.payment_method.clear();
-  Ok(FormEncode(billguard::ChargeFields(no_method, "/v1/payment_intents")).find("payment_method") ==
-         std::string::npos,
+  Ok(FormEncode(billguard::ChargeFields(no_method, "/v1/payment_intents", ChargeForm::kOffSession))
+             .find("payment_method=") == std::string::npos,
      "no payment_method when the account has none");
-  Is(FormEncode(billguard::ChargeFields(Record(), "/v1/charges")).substr(0, 62),
+  Is(FormEncode(billguard::ChargeFields(Record(), "/v1/charges", ChargeForm::kOffSession)),
+     FormEncode(billguard::ChargeFields(Record(), "/v1/charges", ChargeForm::kRelease010)),
+     "a Charge has no payment method choice to make: the same body in both shapes");
+  Is(FormEncode(billguard::ChargeFields(Record(), "/v1/charges", ChargeForm::kOffSession))
+         .substr(0, 62),
      "amount=4900&currency=usd&customer=cus_123&source=pm_card_visa&", "charges use source");
   bool threw = false;
   try {
-    billguard::ChargeFields(Record(), "/v1/refunds");
+    billguard::ChargeFields(Record(), "/v1/refunds", ChargeForm::kOffSession);
   } catch (const std::invalid_argument&) {
     threw = true;
   }

@@ -49,6 +49,11 @@ const char* usage_text() {
          "  --latency-ms N             delay every /v1 request by N ms (default 0)\n"
          "  --api-key KEY              accept only this bearer key (default: any non-empty key)\n"
          "  --search-delay-ms N        objects become searchable N ms after creation (default 0)\n"
+         "  --api-version YYYY-MM-DD   the account's API version, for requests without\n"
+         "                             Stripe-Version (default 2020-08-27); from 2023-08-16 a\n"
+         "                             confirmed PaymentIntent that names neither\n"
+         "                             payment_method_types nor automatic_payment_methods\n"
+         "                             [allow_redirects]=never needs a return_url\n"
          "  --webhook-url URL          send signed webhook events to this http:// endpoint\n"
          "  --webhook-secret SECRET    the endpoint's signing secret (whsec_...), needed with\n"
          "                             --webhook-url\n"
@@ -81,9 +86,9 @@ CommandLineVerdict parse_command_line(int argc, char** argv, Options& options, s
       continue;
     }
 
-    static const char* const kValueFlags[] = {"--listen",      "--idempotency-ttl", "--rate-limit",
-                                              "--latency-ms",  "--search-delay-ms", "--api-key",
-                                              "--webhook-url", "--webhook-secret"};
+    static const char* const kValueFlags[] = {
+        "--listen",  "--idempotency-ttl", "--rate-limit",     "--latency-ms", "--search-delay-ms",
+        "--api-key", "--webhook-url",     "--webhook-secret", "--api-version"};
     bool known = false;
     for (const char* value_flag : kValueFlags) known = known || flag == value_flag;
     if (!known) {
@@ -113,6 +118,12 @@ CommandLineVerdict parse_command_line(int argc, char** argv, Options& options, s
       valid = parse_count(value, 600000, options.latency_ms);
     } else if (flag == "--search-delay-ms") {
       valid = parse_count(value, 86400000, options.search_delay_ms);
+    } else if (flag == "--api-version") {
+      valid = value.size() >= 10 && value[4] == '-' && value[7] == '-' &&
+              value.substr(0, 4).find_first_not_of("0123456789") == std::string::npos &&
+              value.substr(5, 2).find_first_not_of("0123456789") == std::string::npos &&
+              value.substr(8, 2).find_first_not_of("0123456789") == std::string::npos;
+      options.api_version = value;
     } else if (flag == "--webhook-url") {
       valid = value.rfind("http://", 0) == 0;
       options.webhook_url = value;

@@ -16,7 +16,8 @@ struct Options {
   std::int64_t latency_ms = 0;
   std::optional<std::string> api_key;  // nullopt: any non-empty bearer key
   std::int64_t search_delay_ms = 0;
-  std::string webhook_url;  // empty: no webhooks are sent
+  std::string api_version = "2020-08-27";  // for requests without Stripe-Version
+  std::string webhook_url;                 // empty: no webhooks are sent
   std::string webhook_secret;
   bool quiet = false;
 };

@@ -25,7 +25,16 @@ std::int64_t minimum_amount(const std::string& currency) {
 
 const std::set<std::string>& allowed_scalar_params(ObjectKind kind) {
   static const std::set<std::string> kPaymentIntent = {
-      "amount", "currency", "customer", "payment_method", "confirm", "off_session", "description"};
+      "amount",
+      "currency",
+      "customer",
+      "payment_method",
+      "confirm",
+      "off_session",
+      "description",
+      "return_url",
+      "automatic_payment_methods[enabled]",
+      "automatic_payment_methods[allow_redirects]"};
   static const std::set<std::string> kCharge = {"amount", "currency", "customer", "source",
                                                 "description"};
   return kind == ObjectKind::payment_intent ? kPaymentIntent : kCharge;
@@ -64,7 +73,14 @@ std::optional<std::int64_t> parse_non_negative_integer(const std::string& text) 
 struct SortedParams {
   std::map<std::string, std::string> scalars;
   Metadata metadata;
+  std::vector<std::string> payment_method_types;  // payment_method_types[] or [N]
 };
+
+bool is_array_element(const std::string& name, const std::string& array) {
+  if (!starts_with(name, array + "[") || name.back() != ']') return false;
+  const std::string index = name.substr(array.size() + 1, name.size() - array.size() - 2);
+  return index.find_first_not_of("0123456789") == std::string::npos;
+}
 
 std::optional<StripeError> sort_params(ObjectKind kind, const FormParams& params,
                                        SortedParams& sorted) {
@@ -88,6 +104,9 @@ std::optional<StripeError> sort_params(ObjectKind kind, const FormParams& params
                                      "Invalid hash: metadata must be sent as metadata[key]=value.");
       }
       sorted.metadata.clear();
+    } else if (kind == ObjectKind::payment_intent &&
+               is_array_element(name, "payment_method_types")) {
+      sorted.payment_method_types.push_back(value);
     } else if (allowed.count(name)) {
       sorted.scalars[name] = value;
     } else {
@@ -190,9 +209,70 @@ std::optional<StripeError> read_customer_and_source(
   return std::nullopt;
 }
 
+// From API version 2023-08-16 a PaymentIntent that names no
+// payment_method_types takes the automatic payment methods of the account's
+// dashboard, some of which redirect the customer: confirming it then needs
+// a return_url, unless redirects are ruled out (allow_redirects=never).
+// Before, it took payment_method_types [card].
+constexpr const char* kAutomaticByDefaultSince = "2023-08-16";
+
+std::optional<StripeError> read_payment_method_choice(const SortedParams& sorted,
+                                                      const std::string& api_version,
+                                                      CreationRequest& request) {
+  const auto& scalars = sorted.scalars;
+  std::optional<bool> automatic;
+  if (scalars.count("automatic_payment_methods[enabled]")) {
+    bool enabled = false;
+    if (auto error = read_boolean(scalars, "automatic_payment_methods[enabled]", enabled)) {
+      return error;
+    }
+    automatic = enabled;
+  }
+  if (const auto found = scalars.find("automatic_payment_methods[allow_redirects]");
+      found != scalars.end()) {
+    if (found->second != "always" && found->second != "never") {
+      return errors::invalid_param("automatic_payment_methods[allow_redirects]",
+                                   "Invalid automatic_payment_methods[allow_redirects]: must be "
+                                   "one of always, or never");
+    }
+    if (!automatic) return errors::missing_param("automatic_payment_methods[enabled]");
+    request.allow_redirects = found->second;
+  }
+  if (automatic == true && !sorted.payment_method_types.empty()) {
+    return errors::invalid_param(
+        "payment_method_types",
+        "You may only specify one of these parameters: automatic_payment_methods, "
+        "payment_method_types.");
+  }
+  if (const auto found = scalars.find("return_url");
+      found != scalars.end() && !found->second.empty()) {
+    request.return_url = found->second;
+  }
+  const bool automatic_by_default = api_version.compare(0, 10, kAutomaticByDefaultSince) >= 0;
+  request.automatic_payment_methods =
+      automatic.value_or(automatic_by_default && sorted.payment_method_types.empty());
+  request.payment_method_types = sorted.payment_method_types;
+  if (!request.automatic_payment_methods && request.payment_method_types.empty()) {
+    request.payment_method_types = {"card"};
+  }
+  if (request.automatic_payment_methods && request.allow_redirects.value_or("always") != "never" &&
+      request.confirm && !request.return_url) {
+    return errors::invalid_param(
+        "return_url",
+        "This PaymentIntent is configured to accept payment methods enabled in your Dashboard. "
+        "Because some of these payment methods might redirect your customer off of your page, "
+        "you must provide a `return_url`. If you don't want to accept redirect-based payment "
+        "methods, set `automatic_payment_methods[enabled]` to `true` and "
+        "`automatic_payment_methods[allow_redirects]` to `never` when creating Setup Intents "
+        "and Payment Intents.");
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
-CreationValidation validate_creation(ObjectKind kind, const FormParams& params) {
+CreationValidation validate_creation(ObjectKind kind, const FormParams& params,
+                                     const std::string& api_version) {
   SortedParams sorted;
   if (auto error = sort_params(kind, params, sorted)) return *error;
 
@@ -202,6 +282,9 @@ CreationValidation validate_creation(ObjectKind kind, const FormParams& params) 
   if (auto error = read_customer_and_source(sorted.scalars, request)) return *error;
   if (auto error = read_boolean(sorted.scalars, "confirm", request.confirm)) return *error;
   if (auto error = read_boolean(sorted.scalars, "off_session", request.off_session)) return *error;
+  if (kind == ObjectKind::payment_intent) {
+    if (auto error = read_payment_method_choice(sorted, api_version, request)) return *error;
+  }
   if (auto error = check_metadata(sorted.metadata)) return *error;
 
   if (const auto found = sorted.scalars.find("description");

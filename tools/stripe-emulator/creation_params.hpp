@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include "form_decoding.hpp"
 #include "stripe_errors.hpp"
@@ -24,10 +25,17 @@ struct CreationRequest {
   bool off_session = false;
   std::optional<std::string> description;
   Metadata metadata;
+  // PaymentIntents: how it may be paid (see read_payment_method_choice).
+  bool automatic_payment_methods = false;
+  std::optional<std::string> allow_redirects;
+  std::vector<std::string> payment_method_types;
+  std::optional<std::string> return_url;
 };
 
 using CreationValidation = std::variant<CreationRequest, StripeError>;
 
-CreationValidation validate_creation(ObjectKind kind, const FormParams& params);
+// api_version: the request's Stripe-Version, or the account's default.
+CreationValidation validate_creation(ObjectKind kind, const FormParams& params,
+                                     const std::string& api_version);
 
 }  // namespace stripe_emulator

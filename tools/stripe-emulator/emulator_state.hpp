@@ -29,6 +29,8 @@ struct EmulatorState {
       : rate_limiter(rate_limit_per_second), webhooks(log_webhooks) {}
 
   std::optional<std::string> required_api_key;  // nullopt: any non-empty key is accepted
+  // The account's API version, for requests without Stripe-Version.
+  std::string default_api_version = "2020-08-27";
   RuntimeSettings settings;
   RollingWindowRateLimiter rate_limiter;
   IdempotencyStore idempotency;

@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
 
   static EmulatorState state(options.rate_limit_per_second, !options.quiet);
   state.required_api_key = options.api_key;
+  state.default_api_version = options.api_version;
   state.settings.latency_ms = options.latency_ms;
   state.settings.search_delay_ms = options.search_delay_ms;
   state.settings.idempotency_ttl_seconds = options.idempotency_ttl_seconds;

@@ -195,7 +195,10 @@ HandlerResult StripeApi::run_creation(const HttpRequest& request, const Route& r
     sleep_for_configured_latency();
   }
 
-  const CreationValidation validation = validate_creation(route.kind, params);
+  const std::string* stripe_version = request.header("stripe-version");
+  const CreationValidation validation = validate_creation(
+      route.kind, params,
+      stripe_version && !stripe_version->empty() ? *stripe_version : state_.default_api_version);
   if (const auto* invalid = std::get_if<StripeError>(&validation)) {
     if (ticket) state_.idempotency.release(api_key, *idempotency_key, *ticket);
     return answer(*invalid, idempotency_key);

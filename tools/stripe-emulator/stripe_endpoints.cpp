@@ -55,6 +55,9 @@ StripeObject new_object(const CreationRequest& request,
   object.payment_source = request.payment_source;
   object.description = request.description;
   object.metadata = request.metadata;
+  object.automatic_payment_methods = request.automatic_payment_methods;
+  object.allow_redirects = request.allow_redirects;
+  object.payment_method_types = request.payment_method_types;
   object.created_unix = static_cast<std::int64_t>(std::time(nullptr));
   object.created_at = std::chrono::steady_clock::now();
   object.idempotency_key = idempotency_key;

@@ -10,6 +10,24 @@ void write_metadata(JsonWriter& json, const Metadata& metadata) {
   json.end_object();
 }
 
+// Stripe's automatic_payment_methods (null when off) and payment_method_types.
+void write_payment_method_choice(JsonWriter& json, const StripeObject& intent) {
+  json.key("automatic_payment_methods");
+  if (intent.automatic_payment_methods) {
+    json.begin_object()
+        .key("allow_redirects")
+        .string(intent.allow_redirects.value_or("always"))
+        .key("enabled")
+        .boolean(true)
+        .end_object();
+  } else {
+    json.null();
+  }
+  json.key("payment_method_types").begin_array();
+  for (const std::string& type : intent.payment_method_types) json.string(type);
+  json.end_array();
+}
+
 void write_payment_intent(JsonWriter& json, const StripeObject& intent) {
   const bool succeeded = intent.status == "succeeded";
   json.begin_object()
@@ -20,8 +38,9 @@ void write_payment_intent(JsonWriter& json, const StripeObject& intent) {
       .key("amount")
       .integer(intent.amount)
       .key("amount_received")
-      .integer(succeeded ? intent.amount : 0)
-      .key("capture_method")
+      .integer(succeeded ? intent.amount : 0);
+  write_payment_method_choice(json, intent);
+  json.key("capture_method")
       .string("automatic")
       .key("confirmation_method")
       .string("automatic")
@@ -139,8 +158,9 @@ void write_ledger_entry(JsonWriter& json, const StripeObject& object) {
   json.key("created")
       .integer(object.created_unix)
       .key("idempotency_key")
-      .optional_string(object.idempotency_key)
-      .end_object();
+      .optional_string(object.idempotency_key);
+  if (object.kind == ObjectKind::payment_intent) write_payment_method_choice(json, object);
+  json.end_object();
 }
 
 }  // namespace stripe_emulator

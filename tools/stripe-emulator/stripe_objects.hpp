@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "json.hpp"
 
@@ -40,6 +41,10 @@ struct StripeObject {
   std::optional<std::string> decline_code;    // PaymentIntent: its last_payment_error's
   std::optional<std::string> payment_intent;  // Charge: the PaymentIntent that made it
   std::int64_t amount_refunded = 0;           // refunded so far (the PaymentIntent's charge)
+  // PaymentIntent: how it may be paid, as created.
+  bool automatic_payment_methods = false;
+  std::optional<std::string> allow_redirects;
+  std::vector<std::string> payment_method_types;
 };
 
 void write_api_object(JsonWriter& json, const StripeObject& object);
