@@ -16,14 +16,17 @@ bool IsHex(char c) {
 }
 
 // Form encoding as every Stripe client writes it: unreserved characters,
-// '+', '*', %XX escapes, and '=' and '&' as separators. Nothing else, so
-// no byte can mean something else to Stripe than to us.
+// '+', '*', %XX escapes, '=' and '&' as separators, and '[' and ']', which
+// the official stripe-node leaves unescaped in the names of hash and array
+// parameters (metadata[k], automatic_payment_methods[enabled]); they are
+// literal to the decoder. Nothing else, so no byte can mean something else
+// to Stripe than to us.
 void CheckFormEncoding(const std::string& text) {
   for (std::size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
     const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
                        c == '-' || c == '_' || c == '.' || c == '~' || c == '+' || c == '*' ||
-                       c == '=' || c == '&';
+                       c == '=' || c == '&' || c == '[' || c == ']';
     if (plain) continue;
     if (c == '%' && i + 2 < text.size() && IsHex(text[i + 1]) && IsHex(text[i + 2])) {
       i += 2;

@@ -2,7 +2,8 @@
 # (test/stripe-client, installed by `make test` with npm ci), pointed at the
 # proxy's host and port with a vault key, creates PaymentIntents, and
 # surfaces the proxy's 429 refusal as a Stripe error with its code and
-# message.
+# message. The client writes hash parameters with literal brackets
+# (automatic_payment_methods[enabled]=true), which the proxy takes.
 use strict;
 use warnings;
 use JSON::PP;
