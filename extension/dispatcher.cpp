@@ -112,7 +112,8 @@ class Dispatcher {
   struct InFlight {
     ClaimedRecord claimed;
     bool searching = false;
-    bool deferred = false;  // its row was locked when its answer came
+    bool deferred = false;     // its row was locked when its answer came
+    std::string vault_key_id;  // through the proxy: the key it was sent with
   };
   // A request that finished, its answer waiting to be recorded.
   struct Finished {
@@ -129,8 +130,9 @@ class Dispatcher {
   // with its key, and Stripe replays it.
   static constexpr Clock::duration kRecordEvery = std::chrono::milliseconds(10);
 
-  // Any reload resumes a pause when the key file holds a key: a key Stripe
-  // still refuses pauses again at its first 401.
+  // Any reload resumes a pause when the key file (through the proxy: the
+  // issuer token file) holds a usable secret: a key still refused pauses
+  // again at its first 401.
   void LoadSettings() {
     http_.set_timeout_ms(settings::request_timeout_ms);
     pacer_.set_rate(settings::max_requests_per_second);
@@ -142,11 +144,11 @@ class Dispatcher {
     if (through_proxy_) {
       const IssuerTokenResult loaded = LoadIssuerToken(settings::vault_issuer_token_file);
       issuer_token_ = loaded.token;
-      api_key_.clear();
+      direct_key_ = {};
       error = loaded.error;
     } else {
       const ApiKeyResult loaded = LoadApiKey(settings::api_key_file);
-      api_key_ = loaded.key;
+      direct_key_ = VaultCredential{"", loaded.key, 0};
       issuer_token_.clear();
       error = loaded.error;
     }
@@ -230,7 +232,7 @@ class Dispatcher {
       if (!pacer_.Ready(now) || now < unreachable_until_) break;
       // A copy: obtaining a key may give the ready records back.
       const std::string period = ready_.front().billing_period;
-      const std::string* key = KeyFor(period);
+      const VaultCredential* key = KeyFor(period);
       if (key == nullptr) break;  // paused or holding off: see ObtainVaultKey
       pacer_.Take(now);
       ClaimedRecord claimed = std::move(ready_.front());
@@ -243,14 +245,15 @@ class Dispatcher {
     if (sent) http_.Start();
   }
 
-  void Send(ClaimedRecord claimed, bool search, const std::string& key) {
-    const StripeAccount account{settings::api_base, key, settings::stripe_version, kUserAgent};
+  void Send(ClaimedRecord claimed, bool search, const VaultCredential& key) {
+    const StripeAccount account{settings::api_base, key.vault_key, settings::stripe_version,
+                                kUserAgent};
     const std::uint64_t tag = next_tag_++;
     HttpRequest request =
         search
             ? SearchRequest(account, claimed.endpoint, claimed.idempotency_key, tag)
             : ChargeRequest(account, claimed.endpoint, claimed.body, claimed.idempotency_key, tag);
-    in_flight_.emplace(tag, InFlight{std::move(claimed), search});
+    in_flight_.emplace(tag, InFlight{std::move(claimed), search, false, key.key_id});
     http_.Submit(std::move(request));
     ++sent_;
   }
@@ -259,8 +262,8 @@ class Dispatcher {
   // the proxy the period's vault key, kept in memory, else in
   // billguard.vault_credentials, else obtained now. nullptr when there is
   // none to send with (the dispatcher paused or holds off).
-  const std::string* KeyFor(const std::string& period) {
-    if (!through_proxy_) return &api_key_;
+  const VaultCredential* KeyFor(const std::string& period) {
+    if (!through_proxy_) return &direct_key_;
     auto found = vault_keys_.find(period);
     if (found == vault_keys_.end()) {
       std::optional<VaultCredential> kept =
@@ -269,7 +272,7 @@ class Dispatcher {
       if (!kept) return nullptr;
       found = vault_keys_.emplace(period, std::move(*kept)).first;
     }
-    return &found->second.vault_key;
+    return &found->second;
   }
 
   // POST /keys to the proxy before the period's first request: the cap is
@@ -436,8 +439,10 @@ class Dispatcher {
         judged.charge.error_code == "vault_key_expired") {
       // Recorded as not counted and due now: the next send obtains a new
       // key for the period, which joins its budget.
+      // Only the key it was sent with: answers to other requests sent with
+      // it may come after a new key was obtained.
       const auto found = vault_keys_.find(claimed.billing_period);
-      if (found != vault_keys_.end()) {
+      if (found != vault_keys_.end() && found->second.key_id == finished.done.vault_key_id) {
         Log("the vault key " + found->second.key_id + " of " + claimed.billing_period +
             " expired; obtaining a new one");
         ForgetVaultCredential(settings::api_base, claimed.billing_period, kVaultCurrency,
@@ -527,7 +532,7 @@ class Dispatcher {
 
   HttpClient http_;
   RatePacer pacer_;
-  std::string api_key_;
+  VaultCredential direct_key_;  // api_key_file's key, when not through the proxy
   bool through_proxy_ = false;  // billguard.vault_issuer_token_file is set
   std::string issuer_token_;
   std::unordered_map<std::string, VaultCredential> vault_keys_;  // by billing period

@@ -9,7 +9,8 @@
 #   - every record completed, one charge per key at the emulator, every
 #     charge and search of the period sent with that key (the proxy's audit);
 #   - records claimed later in the period are sent with the kept key, never
-#     a second one; another period gets its own;
+#     a second one; an expired key is replaced by one joining the period's
+#     budget at its cap (the proxy's 409); another period gets its own;
 #   - the key is kept where only superusers read it; neither it nor the
 #     issuer token ever reaches the server log.
 use strict;
@@ -85,11 +86,31 @@ is(status_of($node, 'cust_late', '2026-08'), 'completed', '... completed');
 is(q1($node, "SELECT count(*) FROM billguard.vault_audit WHERE decision = 'issued'"), '1',
 	'... with the kept key: still one key issued');
 
+# The kept key expires (the ledger says so: a period billed long after its
+# end): the next record of the period meets 401 vault_key_expired, and the
+# dispatcher obtains a new key, which names the period's new total, gets the
+# proxy's 409 and joins the budget at its cap. The attempt does not count.
+q1($node, qq{UPDATE billguard.vault_keys SET expires_at = now() - interval '1 second' WHERE key_id = '$key_id'});
+q1($node, q{
+	INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method)
+	VALUES ('cust_expired', 'cus_expired', 1000, 'usd', 'pm_card_visa')});
+is(bill($node, 'cust_expired', '2026-08'), 'initiated', 'a record of the period once its key has expired');
+ok(wait_until_settled($node, '2026-08'), '... is billed');
+is(record_of($node, 'cust_expired', '2026-08') =~ s/\|[^|]*\|/|/r, 'completed|1',
+	'... completed, the attempt that met the expired key not counted');
+my $renewed = q1($node, "SELECT key_id FROM billguard.vault_credentials WHERE billing_period = '2026-08'");
+isnt($renewed, $key_id, '... with a new key for the period');
+is(q1($node, qq{SELECT count(*) || ' ' || count(DISTINCT (vendor, billing_period, currency))
+                  FROM billguard.vault_keys WHERE billing_period = '2026-08'}), '2 1',
+	'... which joined the period\'s one budget');
+is(q1($node, "SELECT cap_cents FROM billguard.vault_budgets WHERE billing_period = '2026-08'"), $cap_cents,
+	'... at its cap');
+
 # Another period, its own key.
-is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-09')"), '21', '2026-09 claimed');
+is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-09')"), '22', '2026-09 claimed');
 ok(wait_until_settled($node, '2026-09'), '2026-09 billed');
 is(q1($node, q{SELECT string_agg(event ->> 'billing_period', ',' ORDER BY seq_nr) FROM billguard.journal
-                 WHERE event_type = 'VaultKeyIssued'}), '2026-08,2026-09', 'one key per period');
+                 WHERE event_type = 'VaultKeyIssued'}), '2026-08,2026-08,2026-09', 'one key per period (and the renewed one)');
 
 # Only superusers read the keys.
 q1($node, 'CREATE ROLE billing_app_146 LOGIN; GRANT USAGE ON SCHEMA billguard TO billing_app_146');
@@ -104,6 +125,7 @@ $proxy->stop;
 $node->stop;
 my $log = slurp_file($node->logfile);
 like($log, qr/obtained vault key \Q$key_id\E for 2026-08, cap \d+\.\d\d USD/, 'the log names the key issued, by its id');
+like($log, qr/the vault key \Q$key_id\E of 2026-08 expired; obtaining a new one/, '... and the expired one it replaced');
 unlike($log, qr/\Q$vault_key\E/, 'the vault key never appears in the server log');
 unlike($log, qr/\Q${\ $proxy->issuer_token }\E/, 'nor the issuer token');
 unlike($proxy->log_text, qr/\Q$vault_key\E|\Q${\ $proxy->issuer_token }\E/, "nor in the proxy's");
