@@ -299,7 +299,9 @@ class Dispatcher {
     if (issued.vault_key.empty()) {
       const std::string why = "the proxy issued no vault key for " + period + " (HTTP " +
                               std::to_string(issued.http_status) + ": " + issued.message + ")";
-      if (issued.http_status == 401 || issued.http_status == 403) {
+      // A refused token or request (api_base not a proxy, say) waits for a
+      // person; an unreachable or failing proxy is tried again.
+      if (issued.http_status >= 400 && issued.http_status < 500) {
         Pause(why);
       } else {
         HoldOffUnreachable(why);
