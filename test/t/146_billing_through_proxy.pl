@@ -51,7 +51,19 @@ is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-08')"), '20', '2
 sleep 1;
 is($emulator->stats->{requests} // 0, 0, 'nothing was sent while paused');
 
-chmod 0600, $token_file or die "chmod: $!";
+# A token the proxy does not know: POST /keys is refused (401), the
+# dispatcher pauses with the proxy's reason, sends no charge.
+ProxyHarness::secret_file($node->basedir, 'issuer.token', 'issuer-' . ('x' x 32));
+$node->reload;
+ok(wait_for('the dispatcher to pause on the refused token', 20, sub {
+	q1($node, 'SELECT pause_reason FROM billguard.dispatch_status') =~ /HTTP 401/ }),
+	'a token the proxy refuses: paused');
+like(q1($node, 'SELECT pause_reason FROM billguard.dispatch_status'),
+	qr/^the proxy issued no vault key for 2026-08 \(HTTP 401: POST \/keys needs the issuer or the admin token\)/,
+	"... with the proxy's reason");
+is($emulator->stats->{requests} // 0, 0, '... and nothing sent');
+
+ProxyHarness::secret_file($node->basedir, 'issuer.token', $proxy->issuer_token);
 $node->reload;
 ok(wait_until_settled($node, '2026-08'), 'after chmod 600 and a reload, the period is billed');
 is(q1($node, "SELECT string_agg(status || '=' || n, ',') FROM (SELECT status, count(*) n FROM billguard.billing_records WHERE billing_period = '2026-08' GROUP BY 1) s"),
@@ -106,9 +118,18 @@ is(q1($node, qq{SELECT count(*) || ' ' || count(DISTINCT (vendor, billing_period
 is(q1($node, "SELECT cap_cents FROM billguard.vault_budgets WHERE billing_period = '2026-08'"), $cap_cents,
 	'... at its cap');
 
-# Another period, its own key.
-is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-09')"), '22', '2026-09 claimed');
+# Another period, its own key. The proxy's budgets are in USD: a record in
+# another currency is refused (403 currency_not_allowed) and ends blocked.
+q1($node, q{
+	INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method)
+	VALUES ('cust_eur', 'cus_eur', 1000, 'eur', 'pm_card_visa')});
+is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-09')"), '23', '2026-09 claimed');
 ok(wait_until_settled($node, '2026-09'), '2026-09 billed');
+is(q1($node, q{SELECT status || ' ' || (next_attempt_at IS NULL) || ' ' || split_part(last_error, ':', 1)
+                 FROM billguard.billing_records WHERE customer_id = 'cust_eur' AND billing_period = '2026-09'}),
+	'blocked true 403 invalid_request_error/currency_not_allowed', 'a record in EUR ends blocked, out of the queue');
+is(q1($node, q{SELECT count(*) FROM billguard.billing_records WHERE billing_period = '2026-09' AND status = 'completed'}), '22',
+	'... the USD records completed');
 is(q1($node, q{SELECT string_agg(event ->> 'billing_period', ',' ORDER BY seq_nr) FROM billguard.journal
                  WHERE event_type = 'VaultKeyIssued'}), '2026-08,2026-08,2026-09', 'one key per period (and the renewed one)');
 
