@@ -2,10 +2,11 @@
 # The dispatcher billing a period through billguard-proxy vs direct to the
 # emulator, at 50 ms upstream latency, on a cluster of its own (the proxy's
 # ledger in a database of its own there, as deployed): 3,000 charges per
-# period, max_inflight 64, rate limit high; each way twice, alternating,
-# charges per second measured in the billing database (first claim to last
-# completion). Prints the ratio through / direct (target >= 0.95), and the
-# proxy's mean upstream time, which tells its own cost from the emulator's.
+# period, rate limit high, at max_inflight 16 (the default) and 64; each way
+# twice, alternating, charges per second measured in the billing database
+# (first claim to last completion). Prints the ratio through / direct
+# (target >= 0.95) for each, and the proxy's mean upstream time, which tells
+# its own cost from the emulator's.
 # BENCH_PROXY_BILLING_CHARGES (3000) and BENCH_PROXY_ARGS (more proxy flags,
 # e.g. --database-pool 16) vary it.
 set -euo pipefail
@@ -23,7 +24,7 @@ cleanup() {
 trap cleanup EXIT
 charges=${BENCH_PROXY_BILLING_CHARGES:-3000}
 
-announced() { for _ in $(seq 100); do grep -q listening "$1" && break; sleep 0.1; done; sed -n 's/^listening on //p' "$1"; }
+announced() { for _ in $(seq 100); do grep -qs listening "$1" && break; sleep 0.1; done; sed -n 's/^listening on //p' "$1"; }
 tools/stripe-emulator/billguard-stripe-emulator --listen 127.0.0.1:0 --latency-ms 50 --quiet \
   >"$dir/emulator.out" 2>/dev/null &
 emulator_pid=$!
@@ -44,7 +45,7 @@ mkdir -p "$dir/pg"
 test/cluster.sh start "$dir/pg" "$port" \
   "billguard.database = 'postgres'" "billguard.api_base = '$emulator'" \
   "billguard.api_key_file = '$dir/stripe.key'" "billguard.poll_interval = '1s'" \
-  "billguard.max_inflight = 64" "billguard.max_requests_per_second = 100000" \
+  "billguard.max_requests_per_second = 100000" \
   "shared_buffers = 512MB" "max_wal_size = 4GB"
 sql() { psql -X -q -At -h "$dir/pg" -p "$port" -U postgres -d postgres "$@"; }
 sql -c "CREATE EXTENSION billguard" -c "CREATE DATABASE vault"
@@ -82,17 +83,22 @@ run_period() {
             FROM billguard.billing_records WHERE billing_period = '$period'"
 }
 
-echo "the dispatcher through the proxy vs direct, 50 ms upstream latency, $charges charges a period, max_inflight 64:"
-d1=$(direct; run_period 2032-01)
-p1=$(through_proxy; run_period 2032-02)
-d2=$(direct; run_period 2032-03)
-p2=$(through_proxy; run_period 2032-04)
-keys=$(psql -X -q -At -h "$dir/pg" -p "$port" -U postgres -d vault \
-  -c "SELECT count(*) FROM billguard.vault_keys WHERE billing_period IN ('2032-02', '2032-04')")
-awk -v d1="$d1" -v d2="$d2" -v p1="$p1" -v p2="$p2" -v keys="$keys" 'BEGIN {
-  d = (d1 + d2) / 2; p = (p1 + p2) / 2
-  printf "  direct %.1f and %.1f charges/s; through the proxy %.1f and %.1f charges/s (%d vault keys)\n", d1, d2, p1, p2, keys
-  printf "  through / direct: %.3f (target >= 0.95)\n", p / d }'
+echo "the dispatcher through the proxy vs direct, 50 ms upstream latency, $charges charges a period:"
+year=2032
+for inflight in 16 64; do
+  sql -c "ALTER SYSTEM SET billguard.max_inflight = $inflight" -c "SELECT pg_reload_conf()" >/dev/null
+  d1=$(direct; run_period $year-01)
+  p1=$(through_proxy; run_period $year-02)
+  d2=$(direct; run_period $year-03)
+  p2=$(through_proxy; run_period $year-04)
+  keys=$(psql -X -q -At -h "$dir/pg" -p "$port" -U postgres -d vault \
+    -c "SELECT count(*) FROM billguard.vault_keys WHERE billing_period IN ('$year-02', '$year-04')")
+  year=$((year + 1))
+  awk -v i="$inflight" -v d1="$d1" -v d2="$d2" -v p1="$p1" -v p2="$p2" -v keys="$keys" 'BEGIN {
+    d = (d1 + d2) / 2; p = (p1 + p2) / 2
+    printf "  max_inflight %2d%s: direct %.1f and %.1f charges/s; through the proxy %.1f and %.1f charges/s (%d vault keys); through / direct %.3f (target >= 0.95)\n",
+           i, i == 16 ? " (the default)" : "", d1, d2, p1, p2, keys, p / d }'
+done
 curl -s "$proxy/metrics" | awk '
   /^billguard_proxy_upstream_seconds_sum/ { sum = $2 } /^billguard_proxy_upstream_seconds_count/ { n = $2 }
   END { if (n) printf "  (the proxy waited %.1f ms for the emulator per request on average)\n", sum / n * 1000 }'
