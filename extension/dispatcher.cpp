@@ -4,8 +4,8 @@
 // it again after bgw_restart_time; rows it left 'dispatching' are re-sent
 // with their stored key. Nothing here ever computes a key.
 #include <chrono>
-#include <optional>
 #include <deque>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -440,9 +440,9 @@ class Dispatcher {
     if (outcome == Outcome::kPaused && through_proxy_ && !judged.search &&
         judged.charge.error_code == "vault_key_expired") {
       // Recorded as not counted and due now: the next send obtains a new
-      // key for the period, which joins its budget.
-      // Only the key it was sent with: answers to other requests sent with
-      // it may come after a new key was obtained.
+      // key for the period, which joins its budget. Only the key it was
+      // sent with is forgotten: answers to other requests sent with it may
+      // come after a new key was obtained.
       const auto found = vault_keys_.find(claimed.billing_period);
       if (found != vault_keys_.end() && found->second.key_id == finished.done.vault_key_id) {
         Log("the vault key " + found->second.key_id + " of " + claimed.billing_period +
