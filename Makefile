@@ -25,6 +25,7 @@ OBJS = \
 	extension/charge_request.o \
 	extension/spi_transaction.o \
 	extension/dispatch_queue.o \
+	extension/vault_credentials.o \
 	extension/dispatcher.o \
 	extension/dispatcher_main.o \
 	extension/dispatcher_status.o \
@@ -104,13 +105,18 @@ UNIT_LIBS  = -lcurl -lcrypto
 	@mkdir -p $(@D)
 	$(CXX) $(COMMON_CXXFLAGS) $(SANITIZE) -o $@ $< .build/asan/common/libbillguard_common.a $(UNIT_LIBS)
 
+# The programs a user runs by name, billguard-proxy and
+# billguard-stripe-emulator, are installed where a user's shell finds them,
+# not in PostgreSQL's bindir (off PATH on Debian). PROXY_BINDIR, its former
+# name, is still honoured.
+PROXY_BINDIR   ?= /usr/local/bin
+PROGRAM_BINDIR ?= $(PROXY_BINDIR)
+
 # billguard-proxy, the spend-cap proxy (worker/): common/, libpqxx, cpp-httplib
-# and nlohmann-json. Installed where a user's shell finds it, not in
-# PostgreSQL's bindir.
+# and nlohmann-json.
 PROXY        = worker/billguard-proxy
 PROXY_SRCS   = $(sort $(wildcard worker/*.cpp))
 PROXY_LIBS   = -lpqxx -lpq -lcpp-httplib -lcurl -lcrypto -pthread
-PROXY_BINDIR ?= /usr/local/bin
 .build/worker/%.o: worker/%.cpp
 	@mkdir -p $(@D)
 	$(CXX) $(COMMON_CXXFLAGS) -c -o $@ $<
@@ -120,8 +126,8 @@ all: $(PROXY)
 .PHONY: install-proxy
 install: install-proxy
 install-proxy: $(PROXY)
-	$(INSTALL) -d '$(DESTDIR)$(PROXY_BINDIR)'
-	$(INSTALL_PROGRAM) $(PROXY) '$(DESTDIR)$(PROXY_BINDIR)/billguard-proxy'
+	$(INSTALL) -d '$(DESTDIR)$(PROGRAM_BINDIR)'
+	$(INSTALL_PROGRAM) $(PROXY) '$(DESTDIR)$(PROGRAM_BINDIR)/billguard-proxy'
 
 -include $(wildcard .build/*/*.d .build/*/*/*.d)
 
@@ -152,7 +158,8 @@ emulator:
 	$(MAKE) -C tools/stripe-emulator
 install: install-emulator
 install-emulator: emulator
-	$(INSTALL_PROGRAM) $(EMULATOR) '$(DESTDIR)$(bindir)/billguard-stripe-emulator'
+	$(INSTALL) -d '$(DESTDIR)$(PROGRAM_BINDIR)'
+	$(INSTALL_PROGRAM) $(EMULATOR) '$(DESTDIR)$(PROGRAM_BINDIR)/billguard-stripe-emulator'
 clean: clean-emulator
 clean-emulator:
 	$(MAKE) -C tools/stripe-emulator clean

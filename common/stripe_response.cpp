@@ -203,6 +203,8 @@ const char* OutcomeName(Outcome outcome) {
       return "not_sent";
     case Outcome::kAbsent:
       return "absent";
+    case Outcome::kBlocked:
+      return "blocked";
   }
   return "needs_review";
 }
@@ -236,12 +238,12 @@ ChargeAnswer ReadChargeAnswer(const HttpResponse& response) {
   return answer;
 }
 
-// Stripe's documented semantics: a 2xx is the object (charged or not, by
-// its status); 401/403 a refused key; an idempotency_error other than
-// key-in-use a conflict a person must see; Stripe-Should-Retry decides when
-// present; a 500 is cached by Stripe and indeterminate; 409, 429 and other
-// 5xx are retried with the same key; other 4xx are definitive. Only a 4xx
-// or a decline proves the customer was not charged, so an indeterminate
+// Stripe's documented semantics, after the proxy's spend-cap refusals
+// (told apart from Stripe's 429 by the error code of the body alone): a 2xx is the object (charged
+// or not, by its status); 401/403 a refused key; an idempotency_error other than key-in-use a
+// conflict a person must see; Stripe-Should-Retry decides when present; a 500 is cached by Stripe
+// and indeterminate; 409, 429 and other 5xx are retried with the same key; other 4xx are
+// definitive. Only a 4xx or a decline proves the customer was not charged, so an indeterminate
 // answer past max_attempts needs review, never 'failed'.
 Outcome JudgeCharge(ChargeAnswer& answer, int attempt, int max_attempts) {
   const long status = answer.http_status;
@@ -260,6 +262,13 @@ Outcome JudgeCharge(ChargeAnswer& answer, int attempt, int max_attempts) {
       return Outcome::kFailed;
     }
     return Outcome::kCompleted;
+  }
+  // Nothing was sent upstream, and the budget will not grow by itself:
+  // sending again could only be refused again, or pass a raised cap later
+  // by a person's decision (retry_record), never by a retry loop.
+  if ((status == 429 && answer.error_code == kSpendCapExceeded) ||
+      (status == 403 && answer.error_code == kCurrencyNotAllowed)) {
+    return Outcome::kBlocked;
   }
   if (status == 401 || status == 403) return Outcome::kPaused;
   if (answer.error_type == "idempotency_error" && answer.error_code != "idempotency_key_in_use")

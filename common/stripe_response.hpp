@@ -27,7 +27,15 @@ enum class Outcome {
   kPaused,       // the API key was refused: the attempt does not count
   kNotSent,      // the request provably never left: the attempt does not count
   kAbsent,       // a search found no charge for the key: send the charge now
+  kBlocked,      // refused by billguard-proxy's spend cap: never sent again
 };
+
+// The error codes of billguard-proxy's refusals that are its spend cap
+// speaking, not Stripe: a 429 spend_cap_exceeded (the period's budget has
+// no room) and a 403 currency_not_allowed (the period has no budget in that
+// currency). Stripe's own 429s carry rate_limit or lock_timeout.
+inline constexpr const char* kSpendCapExceeded = "spend_cap_exceeded";
+inline constexpr const char* kCurrencyNotAllowed = "currency_not_allowed";
 
 // The name SQL records (billguard.record_charge_response and friends).
 const char* OutcomeName(Outcome outcome);

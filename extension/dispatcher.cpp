@@ -5,15 +5,18 @@
 // with their stored key. Nothing here ever computes a key.
 #include <chrono>
 #include <deque>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
 
 #include "api_key.hpp"
 #include "http_client.hpp"
+#include "issuer_token.hpp"
 #include "rate_pacer.hpp"
 #include "stripe_request.hpp"
 #include "stripe_response.hpp"
+#include "vault_key_request.hpp"
 
 #include "dispatch_queue.hpp"
 #include "dispatcher.hpp"
@@ -21,6 +24,7 @@
 #include "pg_boundary.hpp"
 #include "scheduler.hpp"
 #include "shared_state.hpp"
+#include "vault_credentials.hpp"
 
 extern "C" {
 #include "miscadmin.h"
@@ -108,7 +112,8 @@ class Dispatcher {
   struct InFlight {
     ClaimedRecord claimed;
     bool searching = false;
-    bool deferred = false;  // its row was locked when its answer came
+    bool deferred = false;     // its row was locked when its answer came
+    std::string vault_key_id;  // through the proxy: the key it was sent with
   };
   // A request that finished, its answer waiting to be recorded.
   struct Finished {
@@ -125,15 +130,30 @@ class Dispatcher {
   // with its key, and Stripe replays it.
   static constexpr Clock::duration kRecordEvery = std::chrono::milliseconds(10);
 
-  // Any reload resumes a pause when the key file holds a key: a key Stripe
-  // still refuses pauses again at its first 401.
+  // Any reload resumes a pause when the key file (through the proxy: the
+  // issuer token file) holds a usable secret: a key still refused pauses
+  // again at its first 401.
   void LoadSettings() {
     http_.set_timeout_ms(settings::request_timeout_ms);
     pacer_.set_rate(settings::max_requests_per_second);
-    const ApiKeyResult loaded = LoadApiKey(settings::api_key_file);
-    api_key_ = loaded.key;
-    if (api_key_.empty()) {
-      Pause(loaded.error);
+    // Through the proxy, each period's vault key is obtained with the
+    // issuer token; otherwise the one key of api_key_file bills everything.
+    through_proxy_ = settings::vault_issuer_token_file[0] != '\0';
+    vault_keys_.clear();
+    std::string error;
+    if (through_proxy_) {
+      const IssuerTokenResult loaded = LoadIssuerToken(settings::vault_issuer_token_file);
+      issuer_token_ = loaded.token;
+      direct_key_ = {};
+      error = loaded.error;
+    } else {
+      const ApiKeyResult loaded = LoadApiKey(settings::api_key_file);
+      direct_key_ = VaultCredential{"", loaded.key, 0};
+      issuer_token_.clear();
+      error = loaded.error;
+    }
+    if (!error.empty()) {
+      Pause(error);
     } else if (paused_) {
       paused_ = false;
       pause_reason_.clear();
@@ -210,27 +230,106 @@ class Dispatcher {
            static_cast<int>(in_flight_.size()) < settings::max_inflight) {
       const auto now = Clock::now();
       if (!pacer_.Ready(now) || now < unreachable_until_) break;
+      // A copy: obtaining a key may give the ready records back.
+      const std::string period = ready_.front().billing_period;
+      const VaultCredential* key = KeyFor(period);
+      if (key == nullptr) break;  // paused or holding off: see ObtainVaultKey
       pacer_.Take(now);
       ClaimedRecord claimed = std::move(ready_.front());
       ready_.pop_front();
       const bool search = claimed.search_first;
-      Send(std::move(claimed), search);
+      Send(std::move(claimed), search, *key);
       sent = true;
     }
     // Out now, not after the transactions that follow in this pass.
     if (sent) http_.Start();
   }
 
-  void Send(ClaimedRecord claimed, bool search) {
-    const StripeAccount account{settings::api_base, api_key_, settings::stripe_version, kUserAgent};
+  void Send(ClaimedRecord claimed, bool search, const VaultCredential& key) {
+    const StripeAccount account{settings::api_base, key.vault_key, settings::stripe_version,
+                                kUserAgent};
     const std::uint64_t tag = next_tag_++;
     HttpRequest request =
         search
             ? SearchRequest(account, claimed.endpoint, claimed.idempotency_key, tag)
             : ChargeRequest(account, claimed.endpoint, claimed.body, claimed.idempotency_key, tag);
-    in_flight_.emplace(tag, InFlight{std::move(claimed), search});
+    in_flight_.emplace(tag, InFlight{std::move(claimed), search, false, key.key_id});
     http_.Submit(std::move(request));
     ++sent_;
+  }
+
+  // The key a request of `period` is sent with: api_key_file's, or through
+  // the proxy the period's vault key, kept in memory, else in
+  // billguard.vault_credentials, else obtained now. nullptr when there is
+  // none to send with (the dispatcher paused or holds off).
+  const VaultCredential* KeyFor(const std::string& period) {
+    if (!through_proxy_) return &direct_key_;
+    auto found = vault_keys_.find(period);
+    if (found == vault_keys_.end()) {
+      std::optional<VaultCredential> kept =
+          LookupVaultCredential(settings::api_base, period, kVaultCurrency);
+      if (!kept) kept = ObtainVaultKey(period);
+      if (!kept) return nullptr;
+      found = vault_keys_.emplace(period, std::move(*kept)).first;
+    }
+    return &found->second;
+  }
+
+  // POST /keys to the proxy before the period's first request: the cap is
+  // the period's claimed total times vault_cap_headroom, computed in SQL.
+  // A key lost (a restored database, a crash before it was stored) is
+  // simply issued again: the proxy joins it to the period's budget. When
+  // the budget exists with another cap (more records claimed since the
+  // first key), the proxy answers 409 with that cap, and the key is asked
+  // for again at it: billing goes on, and what the cap has no room for is
+  // blocked. The HTTP request is made with no transaction open.
+  std::optional<VaultCredential> ObtainVaultKey(const std::string& period) {
+    VaultKeyAsk ask =
+        VaultKeyRequestBody(period, settings::stripe_endpoint, settings::vault_cap_headroom, {});
+    IssuedVaultKey issued = AskProxyForKey(ask);
+    if (issued.existing_cap_cents) {
+      Log("the proxy already has a budget for " + period + " with a cap of " +
+          Usd(*issued.existing_cap_cents) + " USD, not the " + Usd(ask.cap_cents) +
+          " USD asked (records were claimed after its first key was issued): billing joins it " +
+          "at its cap, and charges past it are blocked until an admin raises the cap");
+      ask = VaultKeyRequestBody(period, settings::stripe_endpoint, settings::vault_cap_headroom,
+                                issued.existing_cap_cents);
+      issued = AskProxyForKey(ask);
+    }
+    if (issued.vault_key.empty()) {
+      const std::string why = "the proxy issued no vault key for " + period + " (HTTP " +
+                              std::to_string(issued.http_status) + ": " + issued.message + ")";
+      // A refused token or request (api_base not a proxy, say) waits for a
+      // person; an unreachable or failing proxy is tried again.
+      if (issued.http_status >= 400 && issued.http_status < 500) {
+        Pause(why);
+      } else {
+        HoldOffUnreachable(why);
+      }
+      return std::nullopt;
+    }
+    VaultCredential credential{issued.key_id, issued.vault_key, ask.cap_cents};
+    StoreVaultCredential(settings::api_base, period, kVaultCurrency, credential);
+    Log("obtained vault key " + credential.key_id + " for " + period + ", cap " +
+        Usd(credential.cap_cents) + " USD");
+    return credential;
+  }
+
+  IssuedVaultKey AskProxyForKey(const VaultKeyAsk& ask) {
+    HttpClient client(settings::request_timeout_ms);
+    client.Submit(VaultKeyRequest(settings::api_base, issuer_token_, ask.json_body, kUserAgent));
+    std::vector<HttpResponse> answers;
+    while (answers.empty() && !ShutdownRequestPending) answers = client.Poll(100);
+    if (answers.empty()) {
+      client.AbortAll();
+      return IssuedVaultKey{0, "", "", std::nullopt, "stopping"};
+    }
+    return ReadIssuedVaultKey(answers.front());
+  }
+
+  static std::string Usd(long long cents) {
+    const long long fraction = cents % 100;
+    return std::to_string(cents / 100) + (fraction < 10 ? ".0" : ".") + std::to_string(fraction);
   }
 
   // Moves the requests whose transfers finished out of in_flight_, and the
@@ -268,7 +367,10 @@ class Dispatcher {
 
     std::vector<JudgedAnswer> judged;
     judged.reserve(batch.size());
-    for (const Finished& finished : batch) judged.push_back(Judge(finished));
+    for (const Finished& finished : batch) {
+      judged.push_back(Judge(finished));
+      if (judged.back().outcome == Outcome::kBlocked) NameTheCap(judged.back());
+    }
     const std::vector<Recorded> recorded = RecordAnswers(judged);
     for (std::size_t i = 0; i < batch.size(); ++i) {
       AfterRecording(std::move(batch[i]), judged[i], recorded[i]);
@@ -289,6 +391,21 @@ class Dispatcher {
           JudgeCharge(judged.charge, finished.done.claimed.attempt, settings::max_attempts);
     }
     return judged;
+  }
+
+  // A record refused by the proxy's spend cap says which cap refused it, in
+  // its last_error, its BillingBlocked event and the log.
+  void NameTheCap(JudgedAnswer& judged) const {
+    const ClaimedRecord& claimed = *judged.claimed;
+    const auto found = vault_keys_.find(claimed.billing_period);
+    std::string cap = "the period's vault cap";
+    if (found != vault_keys_.end()) {
+      cap +=
+          " is " + Usd(found->second.cap_cents) + " USD (vault key " + found->second.key_id + ")";
+    }
+    judged.charge.message = PrintableExcerpt(judged.charge.message + "; " + cap, 500);
+    Log(claimed.customer_id + "/" + claimed.billing_period +
+        " is blocked: " + judged.charge.message);
   }
 
   // What follows from a recorded answer. One whose row another session
@@ -319,11 +436,29 @@ class Dispatcher {
       ready_.push_front(std::move(claimed));
       return;
     }
-    if (response.status == 429) pacer_.SlowDown(Clock::now());
+    // The proxy's cap is no rate limit: only Stripe's 429 slows the pace.
+    if (response.status == 429 && outcome != Outcome::kBlocked) pacer_.SlowDown(Clock::now());
     if (judged.search && outcome == Outcome::kNeedsReview) {
       Log(who + " is needs_review: " + judged.found.message);
+    } else if (outcome == Outcome::kPaused && through_proxy_ && !judged.search &&
+        judged.charge.error_code == "vault_key_expired") {
+      // Recorded as not counted and due now: the next send obtains a new
+      // key for the period, which joins its budget. Only the key it was
+      // sent with is forgotten: answers to other requests sent with it may
+      // come after a new key was obtained.
+      const auto found = vault_keys_.find(claimed.billing_period);
+      if (found != vault_keys_.end() && found->second.key_id == finished.done.vault_key_id) {
+        Log("the vault key " + found->second.key_id + " of " + claimed.billing_period +
+            " expired; obtaining a new one");
+        ForgetVaultCredential(settings::api_base, claimed.billing_period, kVaultCurrency,
+                              found->second.key_id);
+        vault_keys_.erase(found);
+      }
     } else if (outcome == Outcome::kPaused) {
-      Pause("Stripe refused the API key (HTTP " + std::to_string(response.status) + ")");
+      Pause(through_proxy_
+                ? "the proxy refused the vault key of " + claimed.billing_period + " (HTTP " +
+                      std::to_string(response.status) + " " + judged.charge.error_code + ")"
+                : "Stripe refused the API key (HTTP " + std::to_string(response.status) + ")");
     } else if (outcome == Outcome::kFailed || outcome == Outcome::kNeedsReview ||
                outcome == Outcome::kUnknown) {
       Log(who + " is " + OutcomeName(outcome) + " after HTTP " + std::to_string(response.status) +
@@ -395,9 +530,17 @@ class Dispatcher {
     });
   }
 
+  // The proxy's budgets are in USD (POST /keys names no currency); a record
+  // in another currency is refused by it (403 currency_not_allowed) and
+  // ends blocked.
+  static constexpr const char* kVaultCurrency = "usd";
+
   HttpClient http_;
   RatePacer pacer_;
-  std::string api_key_;
+  VaultCredential direct_key_;  // api_key_file's key, when not through the proxy
+  bool through_proxy_ = false;  // billguard.vault_issuer_token_file is set
+  std::string issuer_token_;
+  std::unordered_map<std::string, VaultCredential> vault_keys_;  // by billing period
   bool paused_ = false;
   std::string pause_reason_;
   bool maybe_due_ = true;

@@ -37,6 +37,8 @@ int max_attempts = 20;
 int max_unknown_cycles = 5;
 int poll_interval_ms = 1000;
 int search_settle_delay_s = 120;
+char* vault_issuer_token_file = nullptr;
+double vault_cap_headroom = 1.10;
 int auto_bill = kAutoBillOff;
 int bill_day = 1;
 int bill_hour_utc = 0;
@@ -144,6 +146,16 @@ void DefineDispatcherSettings() {
                           "How long an unknown outcome waits before search may call it absent.",
                           nullptr, &search_settle_delay_s, 120, 0, 86400, PGC_SIGHUP, GUC_UNIT_S,
                           nullptr, nullptr, nullptr);
+  // Superuser-only like api_key_file: the path says where the secret lives.
+  DefineCustomStringVariable(
+      "billguard.vault_issuer_token_file",
+      "File holding billguard-proxy's issuer token: set, each period is billed with a vault key.",
+      "The dispatcher obtains each period's vault key from the proxy at billguard.api_base; "
+      "the token itself is never logged or shown.",
+      &vault_issuer_token_file, "", PGC_SIGHUP, GUC_SUPERUSER_ONLY, nullptr, nullptr, nullptr);
+  DefineCustomRealVariable(
+      "billguard.vault_cap_headroom", "A period's vault cap: its claimed total times this.",
+      nullptr, &vault_cap_headroom, 1.10, 1.0, 10.0, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
 }
 
 // An instant, as timestamptz reads it (with its zone, e.g.

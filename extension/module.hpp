@@ -22,6 +22,10 @@ extern int max_attempts;
 extern int max_unknown_cycles;
 extern int poll_interval_ms;
 extern int search_settle_delay_s;
+// Billing through billguard-proxy: the issuer token's file ("" bills with
+// api_key_file), and the headroom of each period's cap over its total.
+extern char* vault_issuer_token_file;
+extern double vault_cap_headroom;
 
 // The scheduler's settings (module.cpp; read by scheduler.cpp and
 // scheduler_settings.cpp).

@@ -3116,3 +3116,300 @@ CREATE OR REPLACE FUNCTION billguard.charge_request_body(endpoint text, idempote
   LANGUAGE c IMMUTABLE PARALLEL SAFE
   SET search_path = pg_catalog, pg_temp
   AS 'MODULE_PATHNAME', 'billguard_charge_request_body_v2';
+
+-- ==== Billing through the proxy (issue 8) ====
+
+-- A refusal by billguard-proxy's spend cap makes its record blocked.
+-- Records a batch of answers the dispatcher read and judged
+-- (common/stripe_response.cpp), in one statement: answers is a JSON array of
+-- {key, attempt, search, outcome, http_status, charge_id, replayed,
+-- request_id, error_type, error_code, decline_code, message, body_excerpt}.
+-- What each outcome does to its record, and the event it journals (every
+-- event that records an answer carries Stripe's Request-Id, what Stripe
+-- support asks for):
+--   an answer to a charge:
+--     completed     charged: charge_id                      BillingCompleted
+--     failed        not charged (a decline, a 4xx)           BillingFailed, terminal
+--     retry         again after retry_delay(attempt)         BillingFailed, not terminal
+--     throttled     a 429 or 409: the same, backoff capped at a minute
+--     unknown       a cached 500: search after settle_delay  ChargeUnknown
+--     needs_review  a person must look; never re-sent        NeedsReview
+--     blocked       refused by billguard-proxy's spend cap (nothing was
+--                   sent upstream); terminal, never re-sent   BillingBlocked
+--     paused        the API key was refused: not counted     -
+--     not_sent      never left: not counted, due again (the
+--                   dispatcher holds off while Stripe is
+--                   unreachable)                             ChargeNotSent
+--   an answer to a search for the record's charge:
+--     completed     found charged: charge_id                 ChargeReconciled
+--     absent        not found: nothing changes, the dispatcher sends the
+--                   charge now with the same key and lease
+--     retry         the search told nothing: unknown, again after retry_delay
+--     paused        the API key was refused: unknown, not counted
+--     not_sent      never left: the same
+-- A settled record (completed, failed, needs_review, blocked) leaves the dispatch
+-- queue: its next_attempt_at becomes NULL. One result per answer, in
+-- order: 'recorded', or 'stale' when the record is no longer that attempt's
+-- (its lease was taken over, an operator requeued it: a late answer must not
+-- overwrite a newer state), or 'locked' when another session holds its row:
+-- the dispatcher never waits for a row, so one held lock cannot halt all
+-- billing (see missed_attempt). Rows are found by their primary key alone,
+-- the one plan whatever the statistics say (after a crash they say the
+-- table is empty): the planner is held to index lookups in nested loops.
+CREATE OR REPLACE FUNCTION billguard.record_answers(answers jsonb, settle_delay interval)
+  RETURNS TABLE (recorded text)
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  SET enable_seqscan = off
+  SET enable_hashjoin = off
+  SET enable_mergejoin = off
+  AS $$
+#variable_conflict use_column
+DECLARE
+  unknown_outcome text;
+BEGIN
+  SELECT a.search || '/' || a.outcome INTO unknown_outcome
+    FROM jsonb_to_recordset(answers) AS a(search boolean, outcome text)
+   WHERE NOT coalesce(a.search IS NOT NULL AND a.outcome IN ('completed', 'retry', 'paused', 'not_sent')
+                       OR a.search = false AND a.outcome IN ('failed', 'throttled', 'unknown', 'needs_review', 'blocked')
+                       OR a.search AND a.outcome IN ('absent', 'needs_review'), false)
+   LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION 'no such outcome of an answer (search/outcome): %', unknown_outcome
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  RETURN QUERY
+  WITH answer AS (
+    SELECT *
+      FROM ROWS FROM (jsonb_to_recordset(answers) AS (
+             key text, attempt integer, search boolean, outcome text, http_status integer,
+             charge_id text, replayed boolean, request_id text, error_type text, error_code text,
+             decline_code text, message text, body_excerpt text))
+           WITH ORDINALITY AS a(key, attempt, search, outcome, http_status, charge_id, replayed,
+                                request_id, error_type, error_code, decline_code, message,
+                                body_excerpt, position)
+  ), locked AS (
+    SELECT r.idempotency_key, r.customer_id, r.billing_period, r.status, r.attempts
+      FROM billguard.billing_records r
+     WHERE r.idempotency_key IN (SELECT a.key FROM answer a)
+       FOR UPDATE SKIP LOCKED
+  ), mine AS (   -- the answers whose attempt is still their record's
+    SELECT a.*, l.customer_id, l.billing_period,
+           CASE WHEN a.search THEN 'search ' ELSE '' END || a.outcome AS what,
+           jsonb_strip_nulls(jsonb_build_object(
+             'http_status', nullif(a.http_status, 0), 'type', a.error_type, 'code', a.error_code,
+             'decline_code', a.decline_code, 'message', a.message, 'body', a.body_excerpt,
+             'request_id', a.request_id, 'attempt', a.attempt)) AS detail
+      FROM answer a
+      JOIN locked l ON l.idempotency_key = a.key AND l.status = 'dispatching' AND l.attempts = a.attempt
+  ), effect AS (
+    SELECT m.key, m.customer_id, m.billing_period, m.what,
+           CASE WHEN m.what IN ('completed', 'search completed') THEN m.charge_id END AS charge_id,
+           CASE m.what
+             WHEN 'completed' THEN 'completed' WHEN 'search completed' THEN 'completed'
+             WHEN 'failed' THEN 'failed' WHEN 'needs_review' THEN 'needs_review'
+             WHEN 'search needs_review' THEN 'needs_review'
+             WHEN 'blocked' THEN 'blocked'
+             WHEN 'retry' THEN 'pending' WHEN 'throttled' THEN 'pending'
+             WHEN 'paused' THEN 'pending' WHEN 'not_sent' THEN 'pending'
+             WHEN 'search absent' THEN NULL   -- nothing changes
+             ELSE 'unknown'                   -- unknown, search retry, search paused, search not_sent
+           END AS status,
+           -- an attempt that provably charged nothing and told nothing does not count
+           CASE WHEN m.outcome IN ('paused', 'not_sent') THEN -1 ELSE 0 END AS attempts_delta,
+           CASE m.what
+             WHEN 'retry' THEN now() + billguard.retry_delay(m.attempt, 900)
+             -- a rate limit or a key still in use backs off a minute at most
+             WHEN 'throttled' THEN now() + billguard.retry_delay(m.attempt, 60)
+             -- search is eventually consistent: "absent" only after the settle delay
+             WHEN 'unknown' THEN now() + settle_delay
+             WHEN 'search retry' THEN now() + billguard.retry_delay(m.attempt)
+             WHEN 'paused' THEN now() WHEN 'not_sent' THEN now()
+             WHEN 'search paused' THEN now() WHEN 'search not_sent' THEN now()
+           END AS next_attempt_at,   -- NULL: settled, out of the queue
+           m.what IN ('paused', 'search paused', 'search not_sent') AS keeps_error,
+           CASE
+             WHEN m.what IN ('completed', 'search completed') THEN NULL
+             WHEN m.what = 'not_sent' THEN 'not sent: ' || m.message
+             WHEN m.what IN ('search retry', 'search needs_review') THEN m.message
+             ELSE billguard.error_text(m.detail)
+           END AS last_error,
+           CASE m.what
+             WHEN 'completed' THEN 'BillingCompleted' WHEN 'search completed' THEN 'ChargeReconciled'
+             WHEN 'failed' THEN 'BillingFailed' WHEN 'retry' THEN 'BillingFailed'
+             WHEN 'throttled' THEN 'BillingFailed' WHEN 'unknown' THEN 'ChargeUnknown'
+             WHEN 'needs_review' THEN 'NeedsReview' WHEN 'not_sent' THEN 'ChargeNotSent'
+             WHEN 'search needs_review' THEN 'NeedsReview'
+             WHEN 'blocked' THEN 'BillingBlocked'
+           END AS event_type,
+           CASE m.what
+             WHEN 'completed' THEN jsonb_strip_nulls(jsonb_build_object(
+               'charge_id', m.charge_id, 'replayed', coalesce(m.replayed, false),
+               'http_status', m.http_status, 'attempt', m.attempt, 'request_id', m.request_id))
+             WHEN 'search completed' THEN jsonb_strip_nulls(jsonb_build_object(
+               'charge_id', m.charge_id, 'via', 'search', 'attempt', m.attempt,
+               'request_id', m.request_id))
+             WHEN 'failed' THEN m.detail || jsonb_build_object('terminal', true)
+             WHEN 'retry' THEN m.detail || jsonb_build_object('terminal', false)
+             WHEN 'throttled' THEN m.detail || jsonb_build_object('terminal', false)
+             WHEN 'unknown' THEN m.detail
+             WHEN 'needs_review' THEN m.detail
+             WHEN 'search needs_review' THEN m.detail || jsonb_build_object('via', 'search')
+             WHEN 'blocked' THEN m.detail
+             WHEN 'not_sent' THEN jsonb_build_object('attempt', m.attempt, 'message', m.message)
+           END AS event
+      FROM mine m
+  ), updated AS (
+    UPDATE billguard.billing_records r
+       SET status = e.status,
+           attempts = r.attempts + e.attempts_delta,
+           unknown_cycles = CASE WHEN e.what = 'unknown'
+                                 THEN least(coalesce(r.unknown_cycles, 0) + 1, 32767)
+                                 ELSE r.unknown_cycles END,
+           next_attempt_at = e.next_attempt_at,
+           lease_expires_at = NULL,
+           last_error = CASE WHEN e.keeps_error THEN r.last_error ELSE e.last_error END,
+           charge_id = coalesce(e.charge_id, r.charge_id),
+           completed_at = CASE WHEN e.status = 'completed' THEN now() ELSE r.completed_at END,
+           updated_at = now()
+      FROM effect e
+     WHERE r.idempotency_key = e.key AND e.status IS NOT NULL
+  ), journaled AS (
+    -- The record's row lock serialises all writers of its entity, so
+    -- max + 1 cannot race.
+    INSERT INTO billguard.journal (persistence_id, seq_nr, customer_id, event_type, event)
+    SELECT p.id,
+           coalesce((SELECT max(j.seq_nr) FROM billguard.journal j WHERE j.persistence_id = p.id), 0) + 1,
+           e.customer_id, e.event_type, e.event
+      FROM effect e
+     CROSS JOIN LATERAL (SELECT 'billing-' || e.customer_id || '-' || e.billing_period AS id) p
+     WHERE e.event_type IS NOT NULL
+  )
+  SELECT CASE WHEN a.position IN (SELECT m.position FROM mine m) THEN 'recorded'
+              WHEN a.key IN (SELECT l.idempotency_key FROM locked l) THEN 'stale'
+              ELSE billguard.missed_attempt(a.key, a.attempt)
+         END
+    FROM answer a
+   ORDER BY a.position;
+END $$;
+
+-- Billing through billguard-proxy: with billguard.vault_issuer_token_file
+-- set, the dispatcher obtains one vault key per billing period and currency
+-- from the proxy (POST /keys) before the period's first request, keeps it
+-- here, and sends every charge and search of the period with it
+-- (extension/vault_keys.cpp).
+--
+-- The secrets are readable by superusers only: nothing on this table is
+-- granted to anyone, and the dispatcher runs as the bootstrap superuser.
+-- The table is deliberately not registered with pg_extension_config_dump,
+-- so no dump ever holds a vault key: a database restored from a dump has
+-- none, and its dispatcher obtains the period's key again, which the
+-- proxy's ledger joins to the period's existing budget (same cap, same
+-- spend, same answers replayed).
+CREATE TABLE billguard.vault_credentials (
+  -- The proxy that issued the key: a key is only good there, so a new
+  -- billguard.api_base obtains new keys.
+  api_base       text NOT NULL,
+  billing_period text NOT NULL,
+  currency       text NOT NULL,
+  key_id         text NOT NULL,
+  vault_key      text NOT NULL,
+  cap_cents      bigint NOT NULL,
+  obtained_at    timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (api_base, billing_period, currency),
+  CONSTRAINT vault_credentials_period_valid CHECK (billguard.is_billing_period(billing_period)),
+  CONSTRAINT vault_credentials_key_id_valid CHECK (key_id ~ '^vkey_[A-Za-z0-9]{16}$'),
+  CONSTRAINT vault_credentials_key_valid CHECK (vault_key ~ '^vk_(live|test)_[A-Za-z0-9]{32}$'),
+  CONSTRAINT vault_credentials_cap_valid CHECK (cap_cents > 0)
+);
+COMMENT ON TABLE billguard.vault_credentials IS
+  'The dispatcher''s vault key per billing period and currency (superusers only; never dumped).';
+
+-- The POST /keys body for the period's USD budget (the proxy's budgets are
+-- in USD): vendor stripe; a cap of the period's claimed total (every record
+-- of the period in USD but the cancelled, at least Stripe's 50-cent
+-- minimum) times headroom, rounded up to whole cents in numeric, never
+-- floating point; the endpoints the period's records use (as stored by
+-- their first claim, else `endpoint`) and their search; and an expiry 35
+-- days past the later of the period's end and now, long enough for the
+-- period's retries and reconciliation (hours), short enough that a leaked
+-- key dies by itself. A record still sending after that meets an expired
+-- key, and the dispatcher obtains a new one for the same budget.
+-- existing_cap_cents, when given, is asked instead: the cap of the period's existing
+-- budget, which a key must name to join it (the proxy's 409).
+CREATE FUNCTION billguard.vault_key_request(billing_period text, endpoint text, headroom numeric,
+                                            existing_cap_cents bigint DEFAULT NULL)
+  RETURNS TABLE (body jsonb, cap_cents bigint)
+  LANGUAGE plpgsql STABLE
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+DECLARE
+  total     numeric;
+  endpoints text[];
+  asked     bigint := vault_key_request.existing_cap_cents;
+BEGIN
+  PERFORM billguard.check_billing_period(vault_key_request.billing_period);
+  IF headroom IS NULL OR headroom < 1 OR headroom > 10 THEN
+    RAISE EXCEPTION 'headroom must be between 1 and 10, got %', coalesce(headroom::text, 'NULL')
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  SELECT coalesce(sum(r.amount_cents), 0),
+         array_agg(DISTINCT coalesce(r.stripe_endpoint, vault_key_request.endpoint))
+    INTO total, endpoints
+    FROM billguard.billing_records r
+   WHERE r.billing_period = vault_key_request.billing_period AND r.currency = 'usd'
+     AND r.status <> 'cancelled';
+  endpoints := coalesce(endpoints, ARRAY[vault_key_request.endpoint]);
+  cap_cents := coalesce(asked, ceil(greatest(total, 50) * headroom)::bigint);
+  IF cap_cents <= 0 THEN
+    RAISE EXCEPTION 'cap_cents must be positive, got %', cap_cents
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  body := jsonb_build_object(
+    'vendor', 'stripe',
+    'billing_period', vault_key_request.billing_period,
+    'period_usd_cap', round(cap_cents / 100.0, 2),
+    'allowed_endpoints', (SELECT jsonb_agg(e ORDER BY e)
+                            FROM unnest(endpoints || ARRAY(SELECT x || '/search' FROM unnest(endpoints) x)) e),
+    'expires_at', to_char((greatest((vault_key_request.billing_period || '-01')::date + interval '1 month',
+                                    now()) + interval '35 days') AT TIME ZONE 'UTC',
+                          'YYYY-MM-DD"T"HH24:MI:SS"Z"'));
+  RETURN NEXT;
+END $$;
+
+-- Keeps the key the proxy answered; a newer key of the period replaces the
+-- one it had (an expired one, say).
+CREATE FUNCTION billguard.store_vault_credential(api_base text, billing_period text, currency text,
+                                                 key_id text, vault_key text, cap_cents bigint)
+  RETURNS void
+  LANGUAGE sql
+  SET search_path = pg_catalog, pg_temp
+  BEGIN ATOMIC
+    INSERT INTO billguard.vault_credentials AS c
+           (api_base, billing_period, currency, key_id, vault_key, cap_cents)
+    VALUES (store_vault_credential.api_base, store_vault_credential.billing_period,
+            store_vault_credential.currency, store_vault_credential.key_id,
+            store_vault_credential.vault_key, store_vault_credential.cap_cents)
+    ON CONFLICT (api_base, billing_period, currency) DO UPDATE
+       SET key_id = excluded.key_id, vault_key = excluded.vault_key,
+           cap_cents = excluded.cap_cents, obtained_at = now();
+  END;
+
+-- Forgets a key the proxy no longer accepts (expired), unless a newer one
+-- replaced it already.
+CREATE FUNCTION billguard.forget_vault_credential(api_base text, billing_period text,
+                                                  currency text, key_id text)
+  RETURNS void
+  LANGUAGE sql
+  SET search_path = pg_catalog, pg_temp
+  BEGIN ATOMIC
+    DELETE FROM billguard.vault_credentials c
+     WHERE (c.api_base, c.billing_period, c.currency, c.key_id)
+         = (forget_vault_credential.api_base, forget_vault_credential.billing_period,
+            forget_vault_credential.currency, forget_vault_credential.key_id);
+  END;
+
+REVOKE ALL ON TABLE billguard.vault_credentials FROM PUBLIC;
+REVOKE ALL ON FUNCTION billguard.vault_key_request(text, text, numeric, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION billguard.store_vault_credential(text, text, text, text, text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION billguard.forget_vault_credential(text, text, text, text) FROM PUBLIC;

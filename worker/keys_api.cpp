@@ -3,6 +3,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cctype>
+
 #include "credentials.hpp"
 #include "stripe_errors.hpp"
 
@@ -52,6 +54,36 @@ void WithLedger(ProxyContext& context, httplib::Response& res, Fn&& fn) {
   context.metrics.CountRequest("keys", res.status);
 }
 
+// A 409 of POST /keys: the period's budget exists with another cap. The
+// answer names that cap in cents (code budget_cap_differs, cap_cents), so
+// an issuer that lost its key (a restored database, more records claimed
+// since) can join the budget at its cap instead of stalling; only the
+// admin raises a cap.
+void AnswerCapDiffers(httplib::Response& res, const LedgerError& e) {
+  const std::string message = e.what();
+  json error = json::parse(StripeErrorBody(e.type, kBudgetCapDiffers, message))["error"];
+  // The ledger's message (vault_issue_key): "... already has a cap of 55.00 USD".
+  const std::string marker = "already has a cap of ";
+  const std::size_t at = message.find(marker);
+  long long cents = 0;
+  std::size_t digits = 0;
+  bool point = false;
+  for (std::size_t i = at == std::string::npos ? message.size() : at + marker.size();
+       i < message.size(); ++i) {
+    const char c = message[i];
+    if (c == '.' && !point) {
+      point = true;
+    } else if (std::isdigit(static_cast<unsigned char>(c)) && cents < 1000000000000000LL) {
+      cents = cents * 10 + (c - '0');
+      digits += point ? 1 : 0;
+    } else {
+      break;
+    }
+  }
+  if (point && digits == 2 && cents > 0) error["cap_cents"] = cents;
+  AnswerJson(res, 409, json{{"error", error}}.dump());
+}
+
 void AnswerStatus(ProxyContext& context, httplib::Response& res, const std::string& key_id) {
   json status = json::parse(context.ledger.KeyStatus(key_id));
   status["key_id"] = key_id;
@@ -86,7 +118,13 @@ void IssueKey(ProxyContext& context, const httplib::Request& req, httplib::Respo
   key.period_usd_cap = DecimalText(body["period_usd_cap"]);
   key.allowed_endpoints = body["allowed_endpoints"].get<std::vector<std::string>>();
   WithLedger(context, res, [&] {
-    const NewKey issued = context.ledger.IssueKey(key);
+    NewKey issued;
+    try {
+      issued = context.ledger.IssueKey(key);
+    } catch (const LedgerError& e) {
+      if (e.http_status != 409) throw;
+      return AnswerCapDiffers(res, e);
+    }
     AnswerJson(res, 200,
                json{{"vault_key", issued.vault_key},
                     {"key_id", issued.key_id},

@@ -199,6 +199,8 @@ CREATE FUNCTION billguard.error_text(detail jsonb) RETURNS text
 --     unknown       a cached 500: search after settle_delay,
 --                   unknown_cycles + 1                       ChargeUnknown
 --     needs_review  a person must look; never re-sent        NeedsReview
+--     blocked       refused by billguard-proxy's spend cap (nothing was
+--                   sent upstream); terminal, never re-sent   BillingBlocked
 --     paused        the API key was refused: not counted     -
 --     not_sent      never left: not counted, due again (the
 --                   dispatcher holds off while Stripe is
@@ -213,7 +215,7 @@ CREATE FUNCTION billguard.error_text(detail jsonb) RETURNS text
 --     retry         the search told nothing: unknown, again after retry_delay
 --     paused        the API key was refused: unknown, not counted
 --     not_sent      never left: the same
--- A settled record (completed, failed, needs_review) leaves the dispatch
+-- A settled record (completed, failed, needs_review, blocked) leaves the dispatch
 -- queue: its next_attempt_at becomes NULL. One result per answer, in
 -- order: 'recorded', or 'stale' when the record is no longer that attempt's
 -- (its lease was taken over, an operator requeued it: a late answer must not
@@ -237,7 +239,7 @@ BEGIN
   SELECT a.search || '/' || a.outcome INTO unknown_outcome
     FROM jsonb_to_recordset(answers) AS a(search boolean, outcome text)
    WHERE NOT coalesce(a.search IS NOT NULL AND a.outcome IN ('completed', 'retry', 'paused', 'not_sent')
-                       OR a.search = false AND a.outcome IN ('failed', 'throttled', 'unknown', 'needs_review')
+                       OR a.search = false AND a.outcome IN ('failed', 'throttled', 'unknown', 'needs_review', 'blocked')
                        OR a.search AND a.outcome IN ('absent', 'needs_review'), false)
    LIMIT 1;
   IF FOUND THEN
@@ -275,6 +277,7 @@ BEGIN
              WHEN 'completed' THEN 'completed' WHEN 'search completed' THEN 'completed'
              WHEN 'failed' THEN 'failed' WHEN 'needs_review' THEN 'needs_review'
              WHEN 'search needs_review' THEN 'needs_review'
+             WHEN 'blocked' THEN 'blocked'
              WHEN 'retry' THEN 'pending' WHEN 'throttled' THEN 'pending'
              WHEN 'paused' THEN 'pending' WHEN 'not_sent' THEN 'pending'
              WHEN 'search absent' THEN NULL   -- nothing changes
@@ -305,6 +308,7 @@ BEGIN
              WHEN 'throttled' THEN 'BillingFailed' WHEN 'unknown' THEN 'ChargeUnknown'
              WHEN 'needs_review' THEN 'NeedsReview' WHEN 'not_sent' THEN 'ChargeNotSent'
              WHEN 'search needs_review' THEN 'NeedsReview'
+             WHEN 'blocked' THEN 'BillingBlocked'
            END AS event_type,
            CASE m.what
              WHEN 'completed' THEN jsonb_strip_nulls(jsonb_build_object(
@@ -319,6 +323,7 @@ BEGIN
              WHEN 'unknown' THEN m.detail
              WHEN 'needs_review' THEN m.detail
              WHEN 'search needs_review' THEN m.detail || jsonb_build_object('via', 'search')
+             WHEN 'blocked' THEN m.detail
              WHEN 'not_sent' THEN jsonb_build_object('attempt', m.attempt, 'message', m.message)
            END AS event
       FROM mine m

@@ -57,6 +57,8 @@ is(error_of(remember($proxy->charge($key->{vault_key}, 'scope-over', amount => 5
 	'... and both share one budget: 3 + 7 USD of 10 leave no room for 50 cents');
 my $conflict = remember($proxy->request_key(billing_period => '2026-08', period_usd_cap => 20));
 is($conflict->{status}, 409, 'asking another cap for the period is 409');
+is(($conflict->{json}{error}{code} // '') . ' ' . ($conflict->{json}{error}{cap_cents} // ''), 'budget_cap_differs 1000',
+	'... naming the budget\'s cap in cents, so an issuer can join it');
 is($proxy->key_status($key->{key_id})->{cap_cents}, 1000, '... and the cap is unchanged');
 is($proxy->request('POST', "/keys/$key->{key_id}", '{"period_usd_cap": 20}', token => $proxy->issuer_token,
 	content_type => 'application/json')->{status}, 403, 'the issuer token cannot raise a cap');

@@ -64,6 +64,21 @@ void TruthTable() {
   Is(Judged(429, Error("rate_limit_error", "rate_limit")), "throttled", "429: throttled");
   Is(Judged(429, Error("rate_limit_error", "rate_limit"), "true"), "throttled",
      "429 with Should-Retry true: throttled");
+  // The proxy's spend cap, told apart from Stripe's own 429 by the body.
+  const std::string cap = R"({"error":{"type":"invalid_request_error","code":"spend_cap_exceeded",)"
+                          R"("message":"spend cap exceeded for billing_period 2026-08"}})";
+  Is(Judged(429, cap), "blocked", "429 spend_cap_exceeded (the proxy's cap): blocked");
+  Is(Judged(429, cap, "true"), "blocked", "... whatever Should-Retry says");
+  Is(Judged(429, cap, "", 10, 3), "blocked", "... past max_attempts too");
+  Is(Judged(429, Error("rate_limit_error", "lock_timeout")), "throttled",
+     "429 lock_timeout (Stripe's): throttled");
+  Is(Judged(429, R"({"error":{"message":"spend cap exceeded for billing_period 2026-08"}})"),
+     "throttled", "a 429 with the cap's message but not its code: throttled, never guessed");
+  Is(Judged(400, cap), "failed", "spend_cap_exceeded on a 400: not the cap's answer, failed");
+  Is(Judged(403, Error("invalid_request_error", "currency_not_allowed")), "blocked",
+     "403 currency_not_allowed (no budget in that currency): blocked");
+  Is(Judged(403, Error("invalid_request_error", "endpoint_not_allowed")), "paused",
+     "403 endpoint_not_allowed: paused (a configuration to fix)");
   Is(Judged(500, Error("api_error")), "unknown", "500: unknown");
   Is(Judged(500, Error("api_error"), "true"), "retry", "500 with Should-Retry true: retry");
   Is(Judged(500, Error("api_error"), "false"), "unknown", "500 with Should-Retry false: unknown");
