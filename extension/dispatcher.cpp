@@ -441,7 +441,7 @@ class Dispatcher {
     if (judged.search && outcome == Outcome::kNeedsReview) {
       Log(who + " is needs_review: " + judged.found.message);
     } else if (outcome == Outcome::kPaused && through_proxy_ && !judged.search &&
-        judged.charge.error_code == "vault_key_expired") {
+               judged.charge.error_code == "vault_key_expired") {
       // Recorded as not counted and due now: the next send obtains a new
       // key for the period, which joins its budget. Only the key it was
       // sent with is forgotten: answers to other requests sent with it may
