@@ -3413,3 +3413,13 @@ REVOKE ALL ON TABLE billguard.vault_credentials FROM PUBLIC;
 REVOKE ALL ON FUNCTION billguard.vault_key_request(text, text, numeric, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION billguard.store_vault_credential(text, text, text, text, text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION billguard.forget_vault_credential(text, text, text, text) FROM PUBLIC;
+
+-- ==== Pure C functions called once per row run without a search_path setting (issue 6, item 1) ====
+-- They run no SQL and look no name up; the setting tripled their cost
+-- (see sql/install/10_c_functions.sql).
+ALTER FUNCTION billguard.key_namespace() RESET search_path;
+ALTER FUNCTION billguard.idempotency_key(text, text, text) RESET search_path;
+ALTER FUNCTION billguard.is_billing_period(text) RESET search_path;
+ALTER FUNCTION billguard.billing_initiated_event(text, text, text, bigint, text, timestamptz, text) RESET search_path;
+ALTER FUNCTION billguard.is_valid_customer_id(text) RESET search_path;
+ALTER FUNCTION billguard.charge_request_body(text, text, text, text, bigint, text, text, text) RESET search_path;

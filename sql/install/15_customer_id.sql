@@ -6,7 +6,6 @@
 -- id is printable ASCII.
 CREATE FUNCTION billguard.is_valid_customer_id(customer_id text) RETURNS boolean
   LANGUAGE c IMMUTABLE STRICT PARALLEL SAFE
-  SET search_path = pg_catalog, pg_temp
   AS 'MODULE_PATHNAME', 'billguard_is_valid_customer_id';
 COMMENT ON FUNCTION billguard.is_valid_customer_id(text) IS
   'True for 1..255 bytes in NFC without control characters that neither begin nor end with white space or an invisible character.';

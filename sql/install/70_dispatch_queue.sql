@@ -60,7 +60,6 @@ CREATE FUNCTION billguard.charge_request_body(endpoint text, idempotency_key tex
                                               stripe_customer text, payment_method text)
   RETURNS text
   LANGUAGE c IMMUTABLE PARALLEL SAFE
-  SET search_path = pg_catalog, pg_temp
   AS 'MODULE_PATHNAME', 'billguard_charge_request_body_v2';
 
 -- Claims up to max_rows due records: status 'dispatching', attempts + 1,
