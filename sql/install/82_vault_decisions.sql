@@ -1,8 +1,17 @@
 -- The proxy's two decisions per forwarded request: vault_authorize before
 -- it forwards (may this key make this call, and does the budget have room),
--- vault_settle after Stripe answered. Both take the budget's row lock, so
--- every decision of one budget is serialised: no concurrency overspends a
--- cap, and a retry is counted once. Each writes one vault_audit row.
+-- vault_settle after Stripe answered. Decisions on one Idempotency-Key are
+-- serialised by an advisory lock of that key, so a retry is counted once;
+-- a change of the budget's sums takes the budget's row lock, as the last
+-- write before the commit, so that concurrent decisions wait on it as
+-- briefly as possible and no concurrency overspends a cap. Each decision
+-- writes one vault_audit row.
+
+-- The advisory lock class (first key) of an Idempotency-Key's decisions.
+CREATE FUNCTION billguard.vault_key_lock_class() RETURNS integer
+  LANGUAGE sql IMMUTABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  RETURN 1651068163;   -- 'bg' 0x0003
 
 -- Refusal bodies as Stripe shapes its errors, so every Stripe client
 -- surfaces them as Stripe errors.
@@ -29,7 +38,6 @@ DECLARE
   amount    bigint := vault_authorize.amount_cents;
   idem      text := vault_authorize.idempotency_key;
   k         billguard.vault_keys;
-  budget    billguard.vault_budgets;
   held      billguard.vault_reservations;
   known_key boolean;   -- a reservation exists for the Idempotency-Key
   verdict   text;
@@ -107,10 +115,10 @@ BEGIN
       EXIT decide;
     END IF;
 
-    -- The one row lock of the decision.
-    SELECT * INTO STRICT budget FROM billguard.vault_budgets b
-     WHERE (b.vendor, b.billing_period, b.currency) = (k.vendor, k.billing_period, k.currency)
-       FOR UPDATE;
+    -- Decisions on one Idempotency-Key are serialised by its own lock,
+    -- taken before the reservation exists; the budget's row is locked last.
+    PERFORM pg_advisory_xact_lock(billguard.vault_key_lock_class(),
+                                  hashtext(concat_ws('/', k.vendor, k.billing_period, k.currency, idem)));
     SELECT * INTO held FROM billguard.vault_reservations r
      WHERE (r.vendor, r.billing_period, r.currency, r.idempotency_key)
          = (k.vendor, k.billing_period, k.currency, idem);
@@ -130,11 +138,19 @@ BEGIN
       verdict := 'reused';
       EXIT decide;
     END IF;
-    IF budget.settled_cents + budget.reserved_cents + amount > budget.cap_cents THEN
+    -- The cap check and the reservation in one UPDATE: the budget's row lock
+    -- is held from here to the commit. Once a concurrent holder commits, the
+    -- UPDATE checks the cap again against the row it left.
+    UPDATE billguard.vault_budgets b SET reserved_cents = b.reserved_cents + amount, updated_at = now()
+     WHERE (b.vendor, b.billing_period, b.currency) = (k.vendor, k.billing_period, k.currency)
+       AND b.settled_cents + b.reserved_cents + amount <= b.cap_cents;
+    IF NOT FOUND THEN
       status := 429; code := 'spend_cap_exceeded';
       reason := format('spend cap exceeded for billing_period %s', k.billing_period);
       EXIT decide;
     END IF;
+    -- Written under the budget's lock, so that concurrent reservations never
+    -- share the key lock their foreign keys take on the budget and key rows.
     IF known_key THEN   -- released earlier: counted again while it is retried
       UPDATE billguard.vault_reservations r SET status = 'reserved', key_id = k.key_id
        WHERE (r.vendor, r.billing_period, r.currency, r.idempotency_key)
@@ -146,8 +162,6 @@ BEGIN
       VALUES (k.vendor, k.billing_period, k.currency, idem, vault_authorize.request_digest, k.key_id,
               vault_authorize.endpoint, vault_authorize.customer, amount);
     END IF;
-    UPDATE billguard.vault_budgets b SET reserved_cents = b.reserved_cents + amount, updated_at = now()
-     WHERE (b.vendor, b.billing_period, b.currency) = (k.vendor, k.billing_period, k.currency);
     verdict := 'reserved';
   END;
 
@@ -187,9 +201,11 @@ BEGIN
       USING ERRCODE = 'invalid_parameter_value';
   END IF;
   SELECT * INTO k FROM billguard.vault_keys v WHERE v.key_id = vault_settle.key_id;
-  PERFORM FROM billguard.vault_budgets b
-    WHERE (b.vendor, b.billing_period, b.currency) = (k.vendor, k.billing_period, k.currency)
-      FOR UPDATE;
+  -- The Idempotency-Key's lock (as vault_authorize takes it); the budget's
+  -- row lock, when the budget changes at all, comes last.
+  PERFORM pg_advisory_xact_lock(billguard.vault_key_lock_class(),
+                                hashtext(concat_ws('/', k.vendor, k.billing_period, k.currency,
+                                                   vault_settle.idempotency_key)));
   SELECT * INTO held FROM billguard.vault_reservations r
    WHERE (r.vendor, r.billing_period, r.currency, r.idempotency_key)
        = (k.vendor, k.billing_period, k.currency, vault_settle.idempotency_key);
@@ -207,14 +223,6 @@ BEGIN
     ELSE 'unknown'
   END;
   IF outcome = 'settled' AND held.status <> 'settled' THEN
-    -- A success after a release (Stripe answering a key it refused before)
-    -- is still money spent: it is counted, whatever the cap says.
-    UPDATE billguard.vault_budgets b
-       SET settled_cents = b.settled_cents + held.amount_cents,
-           reserved_cents = b.reserved_cents
-                            - CASE held.status WHEN 'reserved' THEN held.amount_cents ELSE 0 END,
-           updated_at = now()
-     WHERE (b.vendor, b.billing_period, b.currency) = (k.vendor, k.billing_period, k.currency);
     UPDATE billguard.vault_reservations r
        SET status = 'settled', upstream_status = vault_settle.upstream_status,
            charge_id = vault_settle.charge_id, response_status = vault_settle.upstream_status,
@@ -223,9 +231,6 @@ BEGIN
      WHERE (r.vendor, r.billing_period, r.currency, r.idempotency_key)
          = (k.vendor, k.billing_period, k.currency, vault_settle.idempotency_key);
   ELSIF outcome = 'released' AND held.status = 'reserved' THEN
-    UPDATE billguard.vault_budgets b
-       SET reserved_cents = b.reserved_cents - held.amount_cents, updated_at = now()
-     WHERE (b.vendor, b.billing_period, b.currency) = (k.vendor, k.billing_period, k.currency);
     UPDATE billguard.vault_reservations r
        SET status = 'released', upstream_status = vault_settle.upstream_status
      WHERE (r.vendor, r.billing_period, r.currency, r.idempotency_key)
@@ -244,6 +249,22 @@ BEGIN
           CASE WHEN outcome = 'settled' THEN coalesce(vault_settle.charge_id, held.charge_id)
                WHEN upstream_status = 0 THEN 'no answer from upstream'
                ELSE vault_settle.error_type END);
+
+  -- The budget last, held to the commit only.
+  IF outcome = 'settled' AND held.status <> 'settled' THEN
+    -- A success after a release (Stripe answering a key it refused before)
+    -- is still money spent: it is counted, whatever the cap says.
+    UPDATE billguard.vault_budgets b
+       SET settled_cents = b.settled_cents + held.amount_cents,
+           reserved_cents = b.reserved_cents
+                            - CASE held.status WHEN 'reserved' THEN held.amount_cents ELSE 0 END,
+           updated_at = now()
+     WHERE (b.vendor, b.billing_period, b.currency) = (k.vendor, k.billing_period, k.currency);
+  ELSIF outcome = 'released' AND held.status = 'reserved' THEN
+    UPDATE billguard.vault_budgets b
+       SET reserved_cents = b.reserved_cents - held.amount_cents, updated_at = now()
+     WHERE (b.vendor, b.billing_period, b.currency) = (k.vendor, k.billing_period, k.currency);
+  END IF;
   RETURN outcome;
 END $$;
 COMMENT ON FUNCTION billguard.vault_settle(text, text, integer, text, text, text, text) IS
