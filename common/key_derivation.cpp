@@ -3,13 +3,11 @@
 
 #include "key_derivation.hpp"
 
-#include <openssl/evp.h>
-
 #include <cstring>
-#include <stdexcept>
 #include <string>
 
 #include "errors.hpp"
+#include "sha256.hpp"
 
 namespace billguard {
 
@@ -18,33 +16,6 @@ namespace {
 bool IsDigit(char c) {
   return c >= '0' && c <= '9';
 }
-
-// OpenSSL 3's one-shot SHA256() fetches the algorithm on every call, which
-// costs more than hashing 40 bytes. Fetch once per thread and reuse.
-class Sha256 {
- public:
-  Sha256() : md_(EVP_MD_fetch(nullptr, "SHA256", nullptr)), ctx_(EVP_MD_CTX_new()) {
-    if (md_ == nullptr || ctx_ == nullptr) throw std::runtime_error("OpenSSL SHA-256 unavailable");
-  }
-  ~Sha256() {
-    EVP_MD_CTX_free(ctx_);
-    EVP_MD_free(md_);
-  }
-  Sha256(const Sha256&) = delete;
-  Sha256& operator=(const Sha256&) = delete;
-
-  void Digest(const char* data, std::size_t length, unsigned char* out) {
-    unsigned int out_length = 0;
-    if (EVP_DigestInit_ex2(ctx_, md_, nullptr) != 1 || EVP_DigestUpdate(ctx_, data, length) != 1 ||
-        EVP_DigestFinal_ex(ctx_, out, &out_length) != 1) {
-      throw std::runtime_error("OpenSSL SHA-256 failed");
-    }
-  }
-
- private:
-  EVP_MD* md_;
-  EVP_MD_CTX* ctx_;
-};
 
 }  // namespace
 
@@ -97,10 +68,10 @@ void DeriveIdempotencyKey(std::string_view customer_id, std::string_view billing
   append(":");
   append(key_namespace);
 
-  thread_local Sha256 sha256;
-  unsigned char digest[32];
-  sha256.Digest(message, length, digest);
+  unsigned char digest[kSha256Bytes];
+  Sha256Into(std::string_view(message, length), digest);
 
+  // Written in place: this runs once per row of bill_period.
   static constexpr char kHex[] = "0123456789abcdef";
   for (std::size_t i = 0; i < kIdempotencyKeyLength / 2; ++i) {
     out[2 * i] = kHex[digest[i] >> 4];

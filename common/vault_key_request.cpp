@@ -24,6 +24,10 @@ bool IsIdentifier(const std::string& text, const std::string& prefix, std::size_
 
 }  // namespace
 
+bool IsVaultKey(const std::string& text) {
+  return IsIdentifier(text, "vk_live_", 32) || IsIdentifier(text, "vk_test_", 32);
+}
+
 HttpRequest VaultKeyRequest(const std::string& api_base, const std::string& issuer_token,
                             const std::string& json_body, const std::string& user_agent) {
   HttpRequest request;
@@ -50,9 +54,7 @@ IssuedVaultKey ReadIssuedVaultKey(const HttpResponse& response) {
   if (response.status == 200) {
     const std::string secret = text(body, "vault_key");
     const std::string key_id = text(body, "key_id");
-    const bool secret_valid =
-        IsIdentifier(secret, "vk_live_", 32) || IsIdentifier(secret, "vk_test_", 32);
-    if (secret_valid && IsIdentifier(key_id, "vkey_", 16)) {
+    if (IsVaultKey(secret) && IsIdentifier(key_id, "vkey_", 16)) {
       issued.vault_key = secret;
       issued.key_id = key_id;
     } else {

@@ -31,6 +31,9 @@ struct IssuedVaultKey {
 
 IssuedVaultKey ReadIssuedVaultKey(const HttpResponse& response);
 
+// A vault key secret: vk_live_ or vk_test_ and 32 letters or digits.
+bool IsVaultKey(const std::string& text);
+
 // The error code of the proxy's 409 when the period's budget has another cap.
 inline constexpr const char* kBudgetCapDiffers = "budget_cap_differs";
 

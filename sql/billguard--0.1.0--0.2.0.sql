@@ -3428,11 +3428,15 @@ ALTER FUNCTION billguard.charge_request_body(text, text, text, text, bigint, tex
 -- Decisions on one Idempotency-Key are serialised by an advisory lock of
 -- that key; the budget's row is locked last, for the cap check and its sums
 -- only (see sql/install/82_vault_decisions.sql).
-CREATE FUNCTION billguard.vault_key_lock_class() RETURNS integer
-  LANGUAGE sql IMMUTABLE PARALLEL SAFE
+CREATE FUNCTION billguard.lock_vault_idempotency_key(vendor text, billing_period text,
+                                                     currency text, idempotency_key text)
+  RETURNS void
+  LANGUAGE sql VOLATILE
   SET search_path = pg_catalog, pg_temp
-  RETURN 1651068163;   -- 'bg' 0x0003
-REVOKE ALL ON FUNCTION billguard.vault_key_lock_class() FROM PUBLIC;
+  -- A class of its own for the first key: 'bg' 0x0003.
+  AS $$ SELECT pg_advisory_xact_lock(1651068163, hashtext(concat_ws('/', vendor, billing_period,
+                                                                    currency, idempotency_key))) $$;
+REVOKE ALL ON FUNCTION billguard.lock_vault_idempotency_key(text, text, text, text) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION billguard.vault_authorize(secret_sha256 bytea, method text, endpoint text,
                                           idempotency_key text, request_digest text,
@@ -3522,8 +3526,7 @@ BEGIN
 
     -- Decisions on one Idempotency-Key are serialised by its own lock,
     -- taken before the reservation exists; the budget's row is locked last.
-    PERFORM pg_advisory_xact_lock(billguard.vault_key_lock_class(),
-                                  hashtext(concat_ws('/', k.vendor, k.billing_period, k.currency, idem)));
+    PERFORM billguard.lock_vault_idempotency_key(k.vendor, k.billing_period, k.currency, idem);
     SELECT * INTO held FROM billguard.vault_reservations r
      WHERE (r.vendor, r.billing_period, r.currency, r.idempotency_key)
          = (k.vendor, k.billing_period, k.currency, idem);
@@ -3602,9 +3605,8 @@ BEGIN
   SELECT * INTO k FROM billguard.vault_keys v WHERE v.key_id = vault_settle.key_id;
   -- The Idempotency-Key's lock (as vault_authorize takes it); the budget's
   -- row lock, when the budget changes at all, comes last.
-  PERFORM pg_advisory_xact_lock(billguard.vault_key_lock_class(),
-                                hashtext(concat_ws('/', k.vendor, k.billing_period, k.currency,
-                                                   vault_settle.idempotency_key)));
+  PERFORM billguard.lock_vault_idempotency_key(k.vendor, k.billing_period, k.currency,
+                                               vault_settle.idempotency_key);
   SELECT * INTO held FROM billguard.vault_reservations r
    WHERE (r.vendor, r.billing_period, r.currency, r.idempotency_key)
        = (k.vendor, k.billing_period, k.currency, vault_settle.idempotency_key);

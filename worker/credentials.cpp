@@ -4,10 +4,10 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
-#include <regex>
 #include <vector>
 
-#include "stripe_request_parser.hpp"
+#include "sha256.hpp"
+#include "vault_key_request.hpp"
 
 namespace billguard::proxy {
 
@@ -47,8 +47,7 @@ std::optional<std::string> PresentedCredential(const std::string& authorization)
 }
 
 bool LooksLikeVaultKey(const std::string& credential) {
-  static const std::regex kVaultKey("vk_(live|test)_[A-Za-z0-9]{32}");
-  return std::regex_match(credential, kVaultKey);
+  return IsVaultKey(credential);
 }
 
 bool TokenMatches(const std::string& presented, const std::string& expected) {

@@ -8,6 +8,7 @@
 
 #include "credentials.hpp"
 #include "stripe_errors.hpp"
+#include "sha256.hpp"
 #include "stripe_request_parser.hpp"
 
 namespace billguard::proxy {

@@ -7,6 +7,7 @@
 
 #include "credentials.hpp"
 #include "stripe_errors.hpp"
+#include "vault_key_request.hpp"
 
 namespace billguard::proxy {
 

@@ -2,6 +2,7 @@
 #include "ledger.hpp"
 
 #include "secret_flags.hpp"
+#include "sha256.hpp"
 
 namespace billguard::proxy {
 
@@ -32,13 +33,7 @@ const char* OrNull(const std::optional<std::string>& value) {
 }
 
 std::string HexBytea(const std::string& bytes) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out = "\\x";
-  for (unsigned char c : bytes) {
-    out.push_back(kHex[c >> 4]);
-    out.push_back(kHex[c & 0x0f]);
-  }
-  return out;
+  return "\\x" + LowerHex(bytes);
 }
 
 // A PostgreSQL array literal of text elements, each quoted.

@@ -38,7 +38,7 @@ class Server : public httplib::Server {
 // A Stripe secret or restricted key: a vault key upstream would send every
 // charge through a second proxy's cap.
 std::string ReadUpstreamKey(const std::string& path) {
-  const std::string key = bp::ReadSecretFile("--upstream-key-file", path);
+  const std::string key = bp::ReadSecretFlag("--upstream-key-file", path);
   if (!billguard::IsStripeKey(key) || key.compare(0, 3, "vk_") == 0) {
     throw bp::StartupError("--upstream-key-file " + path +
                            " does not hold a Stripe key (sk_... or rk_...)");
@@ -112,7 +112,10 @@ int main(int argc, char** argv) {
 
   try {
     if (const std::string why = billguard::ApiBaseError(options.upstream); !why.empty()) {
-      throw bp::StartupError("--upstream " + options.upstream + " is refused. " + why);
+      // A URL refused for its user info may carry a key in it: not echoed then.
+      const bool may_hold_secret = options.upstream.find('@') != std::string::npos;
+      throw bp::StartupError("--upstream " + (may_hold_secret ? "" : options.upstream + " ") +
+                             "is refused. " + why);
     }
     const std::string upstream_key = ReadUpstreamKey(options.upstream_key_file);
     const std::string admin_token =

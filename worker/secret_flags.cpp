@@ -5,7 +5,7 @@
 
 namespace billguard::proxy {
 
-std::string ReadSecretFile(const std::string& flag, const std::string& path) {
+std::string ReadSecretFlag(const std::string& flag, const std::string& path) {
   billguard::SecretFile file = billguard::ReadSecretFile(path, flag + " " + path);
   if (!file.error.empty()) throw StartupError(file.error);
   if (file.content.empty()) throw StartupError(flag + " " + path + " is empty");
@@ -13,7 +13,7 @@ std::string ReadSecretFile(const std::string& flag, const std::string& path) {
 }
 
 std::string ReadTokenFile(const std::string& flag, const std::string& path) {
-  std::string token = ReadSecretFile(flag, path);
+  std::string token = ReadSecretFlag(flag, path);
   if (token.size() < 24) throw StartupError(flag + " " + path + " holds fewer than 24 characters");
   return token;
 }

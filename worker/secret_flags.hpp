@@ -16,9 +16,9 @@ class StartupError : public std::runtime_error {
 
 // The file's content without surrounding white space. Throws StartupError
 // when common/secret_file.hpp refuses the file, or when it is empty.
-std::string ReadSecretFile(const std::string& flag, const std::string& path);
+std::string ReadSecretFlag(const std::string& flag, const std::string& path);
 
-// A token file: as ReadSecretFile, at least 24 characters.
+// A token file: as ReadSecretFlag, at least 24 characters.
 std::string ReadTokenFile(const std::string& flag, const std::string& path);
 
 }  // namespace billguard::proxy

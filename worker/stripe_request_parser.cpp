@@ -2,10 +2,11 @@
 #include "stripe_request_parser.hpp"
 
 #include <httplib.h>
-#include <openssl/evp.h>
 
 #include <algorithm>
 #include <regex>
+
+#include "sha256.hpp"
 
 namespace billguard::proxy {
 
@@ -71,23 +72,6 @@ std::optional<std::string> Single(const ParsedRequest& r, const std::string& nam
 }
 
 }  // namespace
-
-std::string Sha256Bytes(const std::string& text) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  EVP_Digest(text.data(), text.size(), digest, &length, EVP_sha256(), nullptr);
-  return std::string(reinterpret_cast<char*>(digest), length);
-}
-
-std::string Sha256Hex(const std::string& text) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string hex;
-  for (unsigned char c : Sha256Bytes(text)) {
-    hex.push_back(kHex[c >> 4]);
-    hex.push_back(kHex[c & 0x0f]);
-  }
-  return hex;
-}
 
 ParsedRequest ParseStripeRequest(const std::string& method, const std::string& target,
                                  const std::string& content_type, const std::string& body) {

@@ -38,8 +38,4 @@ struct ParsedRequest {
 ParsedRequest ParseStripeRequest(const std::string& method, const std::string& target,
                                  const std::string& content_type, const std::string& body);
 
-// Hex SHA-256 and raw SHA-256 of text.
-std::string Sha256Hex(const std::string& text);
-std::string Sha256Bytes(const std::string& text);
-
 }  // namespace billguard::proxy

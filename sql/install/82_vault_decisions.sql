@@ -7,11 +7,16 @@
 -- briefly as possible and no concurrency overspends a cap. Each decision
 -- writes one vault_audit row.
 
--- The advisory lock class (first key) of an Idempotency-Key's decisions.
-CREATE FUNCTION billguard.vault_key_lock_class() RETURNS integer
-  LANGUAGE sql IMMUTABLE PARALLEL SAFE
+-- Serialises the decisions on one Idempotency-Key of a budget until the
+-- transaction ends: vault_authorize and vault_settle take the same lock.
+CREATE FUNCTION billguard.lock_vault_idempotency_key(vendor text, billing_period text,
+                                                     currency text, idempotency_key text)
+  RETURNS void
+  LANGUAGE sql VOLATILE
   SET search_path = pg_catalog, pg_temp
-  RETURN 1651068163;   -- 'bg' 0x0003
+  -- A class of its own for the first key: 'bg' 0x0003.
+  AS $$ SELECT pg_advisory_xact_lock(1651068163, hashtext(concat_ws('/', vendor, billing_period,
+                                                                    currency, idempotency_key))) $$;
 
 -- Refusal bodies as Stripe shapes its errors, so every Stripe client
 -- surfaces them as Stripe errors.
@@ -117,8 +122,7 @@ BEGIN
 
     -- Decisions on one Idempotency-Key are serialised by its own lock,
     -- taken before the reservation exists; the budget's row is locked last.
-    PERFORM pg_advisory_xact_lock(billguard.vault_key_lock_class(),
-                                  hashtext(concat_ws('/', k.vendor, k.billing_period, k.currency, idem)));
+    PERFORM billguard.lock_vault_idempotency_key(k.vendor, k.billing_period, k.currency, idem);
     SELECT * INTO held FROM billguard.vault_reservations r
      WHERE (r.vendor, r.billing_period, r.currency, r.idempotency_key)
          = (k.vendor, k.billing_period, k.currency, idem);
@@ -203,9 +207,8 @@ BEGIN
   SELECT * INTO k FROM billguard.vault_keys v WHERE v.key_id = vault_settle.key_id;
   -- The Idempotency-Key's lock (as vault_authorize takes it); the budget's
   -- row lock, when the budget changes at all, comes last.
-  PERFORM pg_advisory_xact_lock(billguard.vault_key_lock_class(),
-                                hashtext(concat_ws('/', k.vendor, k.billing_period, k.currency,
-                                                   vault_settle.idempotency_key)));
+  PERFORM billguard.lock_vault_idempotency_key(k.vendor, k.billing_period, k.currency,
+                                               vault_settle.idempotency_key);
   SELECT * INTO held FROM billguard.vault_reservations r
    WHERE (r.vendor, r.billing_period, r.currency, r.idempotency_key)
        = (k.vendor, k.billing_period, k.currency, vault_settle.idempotency_key);
