@@ -77,4 +77,4 @@ awk -v d="$drps" -v p="$prps" -v bad=$((dbad + pbad)) 'BEGIN {
 psql -X -q -At -h "$dir/pg" -p "$port" -U postgres -d postgres -c "
   SELECT format('  the budget: %s charges settled, %s cents, %s reserved',
                 (SELECT count(*) FROM billguard.vault_reservations WHERE status = 'settled'),
-                settled_cents, reserved_cents) FROM billguard.vault_budgets"
+                settled_cents, reserved_cents) FROM billguard.vault_spend"

@@ -694,17 +694,18 @@ CREATE TABLE billguard.vault_budgets (
   billing_period text NOT NULL,
   currency       text NOT NULL REFERENCES billguard.currencies (code),
   cap_cents      bigint NOT NULL,
-  -- Kept under the budget's row lock by every decision: the sum of the
-  -- settled and of the reserved reservations.
-  settled_cents  bigint NOT NULL DEFAULT 0,
-  reserved_cents bigint NOT NULL DEFAULT 0,
+  -- The sum of the budget's reservations not released (reserved or
+  -- settled): what the cap is checked against. Changed, under the budget's
+  -- row lock, only when a reservation is counted or stops being counted; a
+  -- success settling a reservation leaves it, and the row, alone.
+  committed_cents bigint NOT NULL DEFAULT 0,
   created_at     timestamptz NOT NULL DEFAULT now(),
   updated_at     timestamptz NOT NULL DEFAULT now(),
   PRIMARY KEY (vendor, billing_period, currency),
   CONSTRAINT vault_budgets_vendor_valid CHECK (vendor ~ '^[a-z][a-z0-9_]{0,39}$'),
   CONSTRAINT vault_budgets_period_valid CHECK (billguard.is_billing_period(billing_period)),
   CONSTRAINT vault_budgets_cap_valid CHECK (cap_cents > 0 AND cap_cents <= 1000000000000000),
-  CONSTRAINT vault_budgets_sums_valid CHECK (settled_cents >= 0 AND reserved_cents >= 0)
+  CONSTRAINT vault_budgets_committed_valid CHECK (committed_cents >= 0)
 );
 COMMENT ON TABLE billguard.vault_budgets IS
   'One spend cap per (vendor, billing_period, currency), shared by every vault key of the period.';
@@ -732,7 +733,7 @@ COMMENT ON TABLE billguard.vault_keys IS
 -- One reservation per (budget, Idempotency-Key): every request carrying the
 -- key, through any key of the budget, shares it, so a retry is counted once.
 -- reserved: counted against the cap, outcome unknown or in flight;
--- settled: a success, its answer kept to be replayed for ever;
+-- settled: a success, still counted, its answer kept to be replayed for ever;
 -- released: refused by Stripe, no longer counted.
 CREATE TABLE billguard.vault_reservations (
   vendor              text NOT NULL,
@@ -799,14 +800,22 @@ END $$;
 CREATE TRIGGER vault_audit_append_only BEFORE UPDATE OR DELETE OR TRUNCATE ON billguard.vault_audit
   FOR EACH STATEMENT EXECUTE FUNCTION billguard.refuse_vault_audit_change();
 
--- Spend against cap per budget.
+-- Spend against cap per budget. settled + reserved = committed in every
+-- snapshot, as each decision changes a reservation and the committed sum
+-- in one transaction.
 CREATE VIEW billguard.vault_spend AS
-  SELECT b.vendor, b.billing_period, b.currency, b.cap_cents, b.settled_cents, b.reserved_cents,
-         b.cap_cents - b.settled_cents - b.reserved_cents AS remaining_cents,
+  SELECT b.vendor, b.billing_period, b.currency, b.cap_cents,
+         b.committed_cents - r.reserved_cents AS settled_cents, r.reserved_cents,
+         b.cap_cents - b.committed_cents AS remaining_cents,
          (SELECT count(*) FROM billguard.vault_keys k
            WHERE (k.vendor, k.billing_period, k.currency) = (b.vendor, b.billing_period, b.currency)
-             AND k.revoked_at IS NULL AND k.expires_at > now()) AS usable_keys
-    FROM billguard.vault_budgets b;
+             AND k.revoked_at IS NULL AND k.expires_at > now()) AS usable_keys,
+         b.committed_cents
+    FROM billguard.vault_budgets b,
+         LATERAL (SELECT coalesce(sum(v.amount_cents), 0)::bigint AS reserved_cents
+                    FROM billguard.vault_reservations v
+                   WHERE (v.vendor, v.billing_period, v.currency) = (b.vendor, b.billing_period, b.currency)
+                     AND v.status = 'reserved') r;
 
 -- pg_dump carries the ledger with its rows: a restored database must still
 -- know what each period has spent and which answers it replays.
@@ -3664,6 +3673,270 @@ BEGIN
   ELSIF outcome = 'released' AND held.status = 'reserved' THEN
     UPDATE billguard.vault_budgets b
        SET reserved_cents = b.reserved_cents - held.amount_cents, updated_at = now()
+     WHERE (b.vendor, b.billing_period, b.currency) = (k.vendor, k.billing_period, k.currency);
+  END IF;
+  RETURN outcome;
+END $$;
+COMMENT ON FUNCTION billguard.vault_settle(text, text, integer, text, text, text, text) IS
+  'Records Stripe''s answer to a reserved request: settled, released or unknown (still reserved); audited.';
+
+-- ==== A successful settle leaves the budget alone (issue 8) ====
+-- The budget keeps one committed sum (reserved + settled) under its cap
+-- check, changed only when a reservation starts or stops being counted; a
+-- success settling a reservation no longer locks or updates the budget's
+-- row. The settled and reserved sums are read from the reservations (see
+-- sql/install/80_vault_ledger.sql and 82_vault_decisions.sql). The table
+-- vault_budgets and the view vault_spend are created in their final shape
+-- by the spend-cap ledger's section above (0.2.0 is unreleased): columns
+-- dropped here would stay in the catalog, unlike a fresh install's.
+CREATE INDEX vault_reservations_reserved ON billguard.vault_reservations
+  (vendor, billing_period, currency) INCLUDE (amount_cents) WHERE status = 'reserved';
+
+CREATE OR REPLACE FUNCTION billguard.vault_key_status(key_id text)
+  RETURNS TABLE (vendor text, billing_period text, currency text, cap_usd numeric,
+                 cap_cents bigint, settled_cents bigint, reserved_cents bigint,
+                 remaining_cents bigint, allowed_endpoints text[], livemode boolean,
+                 expires_at timestamptz, revoked_at timestamptz, created_at timestamptz)
+  LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  RETURN QUERY
+    SELECT k.vendor, k.billing_period, k.currency, round(s.cap_cents / 100.0, 2), s.cap_cents,
+           s.settled_cents, s.reserved_cents, s.remaining_cents,
+           k.allowed_endpoints, k.livemode, k.expires_at, k.revoked_at, k.created_at
+      FROM billguard.vault_keys k
+      JOIN billguard.vault_spend s USING (vendor, billing_period, currency)
+     WHERE k.key_id = vault_key_status.key_id;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'no vault key %', coalesce(quote_literal(left(vault_key_status.key_id, 40)), 'NULL')
+      USING ERRCODE = 'no_data_found';
+  END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION billguard.vault_authorize(secret_sha256 bytea, method text, endpoint text,
+                                          idempotency_key text, request_digest text,
+                                          amount_cents bigint, currency text, customer text)
+  RETURNS TABLE (decision text, http_status integer, body text, key_id text, request_id text)
+  LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  amount    bigint := vault_authorize.amount_cents;
+  idem      text := vault_authorize.idempotency_key;
+  k         billguard.vault_keys;
+  held      billguard.vault_reservations;
+  known_key boolean;   -- a reservation exists for the Idempotency-Key
+  verdict   text;
+  status    integer;
+  error_type text := 'invalid_request_error';
+  code      text;
+  reason    text;
+  answer    text;
+  replay_request_id text;
+BEGIN
+  IF octet_length(vault_authorize.secret_sha256) IS DISTINCT FROM 32 THEN
+    RAISE EXCEPTION 'secret_sha256 must be 32 bytes' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  IF vault_authorize.method IS NULL OR vault_authorize.method !~ '^[A-Z]{1,16}$' THEN
+    RAISE EXCEPTION 'method must be an HTTP method in upper case' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  IF vault_authorize.endpoint IS NULL OR vault_authorize.endpoint !~ '^/v1(/[A-Za-z0-9_]+)+$' THEN
+    RAISE EXCEPTION 'endpoint must be an API path such as /v1/payment_intents, got %',
+                    coalesce(quote_literal(left(vault_authorize.endpoint, 80)), 'NULL')
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  IF vault_authorize.request_digest IS NULL OR vault_authorize.request_digest !~ '^[0-9a-f]{64}$' THEN
+    RAISE EXCEPTION 'request_digest must be 64 lower-case hex characters' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  IF octet_length(idem) NOT BETWEEN 1 AND 255 THEN
+    RAISE EXCEPTION 'idempotency_key must be 1..255 bytes' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  IF amount NOT BETWEEN 1 AND 99999999 THEN
+    RAISE EXCEPTION 'amount must be a positive integer of at most 99999999, got %', amount
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  IF octet_length(vault_authorize.customer) > 255 OR octet_length(vault_authorize.currency) > 16 THEN
+    RAISE EXCEPTION 'customer or currency too long' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+
+  <<decide>>
+  BEGIN
+    SELECT * INTO k FROM billguard.vault_keys v WHERE v.secret_sha256 = vault_authorize.secret_sha256;
+    IF NOT FOUND THEN
+      status := 401; code := 'vault_key_unknown'; reason := 'unknown vault key';
+      EXIT decide;
+    ELSIF k.revoked_at IS NOT NULL THEN
+      status := 401; code := 'vault_key_revoked'; reason := format('vault key %s was revoked', k.key_id);
+      EXIT decide;
+    ELSIF k.expires_at <= now() THEN
+      status := 401; code := 'vault_key_expired'; reason := format('vault key %s expired', k.key_id);
+      EXIT decide;
+    END IF;
+    IF vault_authorize.method NOT IN ('GET', 'POST')
+       OR NOT EXISTS (SELECT FROM unnest(k.allowed_endpoints) e
+                       WHERE vault_authorize.endpoint = e OR starts_with(vault_authorize.endpoint, e || '/')) THEN
+      status := 403; code := 'endpoint_not_allowed';
+      reason := format('vault key %s may call GET and POST on %s only, not %s %s', k.key_id,
+                       array_to_string(k.allowed_endpoints, ', '), vault_authorize.method,
+                       vault_authorize.endpoint);
+      EXIT decide;
+    END IF;
+    IF amount IS NULL THEN
+      verdict := 'forwarded';
+      EXIT decide;
+    END IF;
+    IF vault_authorize.currency IS NULL THEN
+      status := 400; code := 'parameter_missing'; reason := 'Missing required param: currency.';
+      EXIT decide;
+    ELSIF lower(vault_authorize.currency) <> k.currency THEN
+      status := 403; code := 'currency_not_allowed';
+      reason := format('the budget of vault key %s is in %s, not %s', k.key_id, k.currency,
+                       lower(vault_authorize.currency));
+      EXIT decide;
+    END IF;
+    IF idem IS NULL THEN
+      -- Without a key a retry is a second charge, which the cap exists to stop.
+      status := 400; code := 'idempotency_key_required';
+      reason := 'a request with an amount needs an Idempotency-Key';
+      EXIT decide;
+    END IF;
+
+    -- Decisions on one Idempotency-Key are serialised by its own lock,
+    -- taken before the reservation exists; the budget's row is locked last.
+    PERFORM billguard.lock_vault_idempotency_key(k.vendor, k.billing_period, k.currency, idem);
+    SELECT * INTO held FROM billguard.vault_reservations r
+     WHERE (r.vendor, r.billing_period, r.currency, r.idempotency_key)
+         = (k.vendor, k.billing_period, k.currency, idem);
+    known_key := FOUND;
+    IF known_key AND held.request_digest <> vault_authorize.request_digest THEN
+      status := 400; error_type := 'idempotency_error'; code := NULL;
+      reason := format('Keys for idempotent requests can only be used with the same parameters they '
+                       'were first used with. Try using a key other than ''%s'' if you meant to '
+                       'execute a different request.', idem);
+      EXIT decide;
+    ELSIF known_key AND held.status = 'settled' THEN
+      verdict := 'replayed'; status := held.response_status; answer := held.response_body;
+      replay_request_id := held.response_request_id;
+      reason := format('settled as %s at %s', held.charge_id, held.settled_at);
+      EXIT decide;
+    ELSIF known_key AND held.status = 'reserved' THEN
+      verdict := 'reused';
+      EXIT decide;
+    END IF;
+    -- The cap check and the reservation in one UPDATE: the budget's row lock
+    -- is held from here to the commit. Once a concurrent holder commits, the
+    -- UPDATE checks the cap again against the row it left.
+    UPDATE billguard.vault_budgets b SET committed_cents = b.committed_cents + amount, updated_at = now()
+     WHERE (b.vendor, b.billing_period, b.currency) = (k.vendor, k.billing_period, k.currency)
+       AND b.committed_cents + amount <= b.cap_cents;
+    IF NOT FOUND THEN
+      status := 429; code := 'spend_cap_exceeded';
+      reason := format('spend cap exceeded for billing_period %s', k.billing_period);
+      EXIT decide;
+    END IF;
+    -- Written under the budget's lock, so that concurrent reservations never
+    -- share the key lock their foreign keys take on the budget and key rows.
+    IF known_key THEN   -- released earlier: counted again while it is retried
+      UPDATE billguard.vault_reservations r SET status = 'reserved', key_id = k.key_id
+       WHERE (r.vendor, r.billing_period, r.currency, r.idempotency_key)
+           = (k.vendor, k.billing_period, k.currency, idem);
+    ELSE
+      INSERT INTO billguard.vault_reservations
+             (vendor, billing_period, currency, idempotency_key, request_digest, key_id, endpoint,
+              customer, amount_cents)
+      VALUES (k.vendor, k.billing_period, k.currency, idem, vault_authorize.request_digest, k.key_id,
+              vault_authorize.endpoint, vault_authorize.customer, amount);
+    END IF;
+    verdict := 'reserved';
+  END;
+
+  IF verdict IS NULL THEN
+    verdict := 'refused';
+    answer := billguard.stripe_error_body(error_type, code, reason);
+  END IF;
+  INSERT INTO billguard.vault_audit (key_id, vendor, billing_period, method, endpoint, customer,
+                                     amount_cents, currency, idempotency_key, decision, http_status,
+                                     reason)
+  VALUES (k.key_id, k.vendor, k.billing_period, vault_authorize.method, vault_authorize.endpoint,
+          vault_authorize.customer, amount, lower(vault_authorize.currency), idem, verdict, status,
+          reason);
+  RETURN QUERY SELECT verdict, status, answer, k.key_id, replay_request_id;
+END $$;
+COMMENT ON FUNCTION billguard.vault_authorize(bytea, text, text, text, text, bigint, text, text) IS
+  'Decides a request of the spend-cap proxy and reserves its amount; audited.';
+
+CREATE OR REPLACE FUNCTION billguard.vault_settle(key_id text, idempotency_key text, upstream_status integer,
+                                       error_type text, charge_id text, response_body text,
+                                       request_id text)
+  RETURNS text
+  LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  k       billguard.vault_keys;
+  held    billguard.vault_reservations;
+  outcome text;
+BEGIN
+  IF upstream_status IS NULL OR upstream_status NOT BETWEEN 0 AND 599 THEN
+    RAISE EXCEPTION 'upstream_status must be 0 (no answer) or an HTTP status'
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  SELECT * INTO k FROM billguard.vault_keys v WHERE v.key_id = vault_settle.key_id;
+  -- The Idempotency-Key's lock (as vault_authorize takes it); the budget's
+  -- row lock, when its committed sum changes at all, comes last.
+  PERFORM billguard.lock_vault_idempotency_key(k.vendor, k.billing_period, k.currency,
+                                               vault_settle.idempotency_key);
+  SELECT * INTO held FROM billguard.vault_reservations r
+   WHERE (r.vendor, r.billing_period, r.currency, r.idempotency_key)
+       = (k.vendor, k.billing_period, k.currency, vault_settle.idempotency_key);
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'no reservation of vault key % for Idempotency-Key %',
+                    coalesce(quote_literal(left(vault_settle.key_id, 40)), 'NULL'),
+                    coalesce(quote_literal(left(vault_settle.idempotency_key, 255)), 'NULL')
+      USING ERRCODE = 'no_data_found';
+  END IF;
+
+  outcome := CASE
+    WHEN upstream_status BETWEEN 200 AND 299 THEN 'settled'
+    WHEN upstream_status = 402 OR (upstream_status IN (400, 404)
+                                   AND vault_settle.error_type = 'invalid_request_error') THEN 'released'
+    ELSE 'unknown'
+  END;
+  IF outcome = 'settled' AND held.status <> 'settled' THEN
+    UPDATE billguard.vault_reservations r
+       SET status = 'settled', upstream_status = vault_settle.upstream_status,
+           charge_id = vault_settle.charge_id, response_status = vault_settle.upstream_status,
+           response_body = coalesce(vault_settle.response_body, ''),
+           response_request_id = vault_settle.request_id, settled_at = now()
+     WHERE (r.vendor, r.billing_period, r.currency, r.idempotency_key)
+         = (k.vendor, k.billing_period, k.currency, vault_settle.idempotency_key);
+  ELSIF outcome = 'released' AND held.status = 'reserved' THEN
+    UPDATE billguard.vault_reservations r
+       SET status = 'released', upstream_status = vault_settle.upstream_status
+     WHERE (r.vendor, r.billing_period, r.currency, r.idempotency_key)
+         = (k.vendor, k.billing_period, k.currency, vault_settle.idempotency_key);
+  ELSIF held.status <> 'settled' THEN
+    UPDATE billguard.vault_reservations r SET upstream_status = vault_settle.upstream_status
+     WHERE (r.vendor, r.billing_period, r.currency, r.idempotency_key)
+         = (k.vendor, k.billing_period, k.currency, vault_settle.idempotency_key);
+  END IF;
+
+  INSERT INTO billguard.vault_audit (key_id, vendor, billing_period, method, endpoint, customer,
+                                     amount_cents, currency, idempotency_key, decision, http_status,
+                                     reason)
+  VALUES (vault_settle.key_id, k.vendor, k.billing_period, 'POST', held.endpoint, held.customer,
+          held.amount_cents, k.currency, vault_settle.idempotency_key, outcome, upstream_status,
+          CASE WHEN outcome = 'settled' THEN coalesce(vault_settle.charge_id, held.charge_id)
+               WHEN upstream_status = 0 THEN 'no answer from upstream'
+               ELSE vault_settle.error_type END);
+
+  -- The budget last, held to the commit only, and only when its committed
+  -- sum changes: a success settling a reservation was counted when it was
+  -- reserved, and leaves the budget alone.
+  IF outcome = 'settled' AND held.status = 'released' THEN
+    -- A success after a release (Stripe answering a key it refused before)
+    -- is still money spent: it is counted again, whatever the cap says.
+    UPDATE billguard.vault_budgets b
+       SET committed_cents = b.committed_cents + held.amount_cents, updated_at = now()
+     WHERE (b.vendor, b.billing_period, b.currency) = (k.vendor, k.billing_period, k.currency);
+  ELSIF outcome = 'released' AND held.status = 'reserved' THEN
+    UPDATE billguard.vault_budgets b
+       SET committed_cents = b.committed_cents - held.amount_cents, updated_at = now()
      WHERE (b.vendor, b.billing_period, b.currency) = (k.vendor, k.billing_period, k.currency);
   END IF;
   RETURN outcome;

@@ -42,17 +42,18 @@ CREATE TABLE billguard.vault_budgets (
   billing_period text NOT NULL,
   currency       text NOT NULL REFERENCES billguard.currencies (code),
   cap_cents      bigint NOT NULL,
-  -- Kept under the budget's row lock by every decision: the sum of the
-  -- settled and of the reserved reservations.
-  settled_cents  bigint NOT NULL DEFAULT 0,
-  reserved_cents bigint NOT NULL DEFAULT 0,
+  -- The sum of the budget's reservations not released (reserved or
+  -- settled): what the cap is checked against. Changed, under the budget's
+  -- row lock, only when a reservation is counted or stops being counted; a
+  -- success settling a reservation leaves it, and the row, alone.
+  committed_cents bigint NOT NULL DEFAULT 0,
   created_at     timestamptz NOT NULL DEFAULT now(),
   updated_at     timestamptz NOT NULL DEFAULT now(),
   PRIMARY KEY (vendor, billing_period, currency),
   CONSTRAINT vault_budgets_vendor_valid CHECK (vendor ~ '^[a-z][a-z0-9_]{0,39}$'),
   CONSTRAINT vault_budgets_period_valid CHECK (billguard.is_billing_period(billing_period)),
   CONSTRAINT vault_budgets_cap_valid CHECK (cap_cents > 0 AND cap_cents <= 1000000000000000),
-  CONSTRAINT vault_budgets_sums_valid CHECK (settled_cents >= 0 AND reserved_cents >= 0)
+  CONSTRAINT vault_budgets_committed_valid CHECK (committed_cents >= 0)
 );
 COMMENT ON TABLE billguard.vault_budgets IS
   'One spend cap per (vendor, billing_period, currency), shared by every vault key of the period.';
@@ -80,7 +81,7 @@ COMMENT ON TABLE billguard.vault_keys IS
 -- One reservation per (budget, Idempotency-Key): every request carrying the
 -- key, through any key of the budget, shares it, so a retry is counted once.
 -- reserved: counted against the cap, outcome unknown or in flight;
--- settled: a success, its answer kept to be replayed for ever;
+-- settled: a success, still counted, its answer kept to be replayed for ever;
 -- released: refused by Stripe, no longer counted.
 CREATE TABLE billguard.vault_reservations (
   vendor              text NOT NULL,
@@ -110,6 +111,12 @@ CREATE TABLE billguard.vault_reservations (
 );
 COMMENT ON TABLE billguard.vault_reservations IS
   'Amounts reserved against a budget per Idempotency-Key, and the answers of settled successes.';
+
+-- The reservations still in flight or of unknown outcome, few at any time:
+-- a budget's reserved sum is read from here, its settled sum is its
+-- committed sum less that (vault_spend).
+CREATE INDEX vault_reservations_reserved ON billguard.vault_reservations
+  (vendor, billing_period, currency) INCLUDE (amount_cents) WHERE status = 'reserved';
 
 -- Append-only: one row per decision of the proxy, allowed or refused, in
 -- the order of occurred_at.
@@ -147,14 +154,22 @@ END $$;
 CREATE TRIGGER vault_audit_append_only BEFORE UPDATE OR DELETE OR TRUNCATE ON billguard.vault_audit
   FOR EACH STATEMENT EXECUTE FUNCTION billguard.refuse_vault_audit_change();
 
--- Spend against cap per budget.
+-- Spend against cap per budget. settled + reserved = committed in every
+-- snapshot, as each decision changes a reservation and the committed sum
+-- in one transaction.
 CREATE VIEW billguard.vault_spend AS
-  SELECT b.vendor, b.billing_period, b.currency, b.cap_cents, b.settled_cents, b.reserved_cents,
-         b.cap_cents - b.settled_cents - b.reserved_cents AS remaining_cents,
+  SELECT b.vendor, b.billing_period, b.currency, b.cap_cents,
+         b.committed_cents - r.reserved_cents AS settled_cents, r.reserved_cents,
+         b.cap_cents - b.committed_cents AS remaining_cents,
          (SELECT count(*) FROM billguard.vault_keys k
            WHERE (k.vendor, k.billing_period, k.currency) = (b.vendor, b.billing_period, b.currency)
-             AND k.revoked_at IS NULL AND k.expires_at > now()) AS usable_keys
-    FROM billguard.vault_budgets b;
+             AND k.revoked_at IS NULL AND k.expires_at > now()) AS usable_keys,
+         b.committed_cents
+    FROM billguard.vault_budgets b,
+         LATERAL (SELECT coalesce(sum(v.amount_cents), 0)::bigint AS reserved_cents
+                    FROM billguard.vault_reservations v
+                   WHERE (v.vendor, v.billing_period, v.currency) = (b.vendor, b.billing_period, b.currency)
+                     AND v.status = 'reserved') r;
 
 -- pg_dump carries the ledger with its rows: a restored database must still
 -- know what each period has spent and which answers it replays.

@@ -97,11 +97,11 @@ CREATE FUNCTION billguard.vault_key_status(key_id text)
   LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   RETURN QUERY
-    SELECT k.vendor, k.billing_period, k.currency, round(b.cap_cents / 100.0, 2), b.cap_cents,
-           b.settled_cents, b.reserved_cents, b.cap_cents - b.settled_cents - b.reserved_cents,
+    SELECT k.vendor, k.billing_period, k.currency, round(s.cap_cents / 100.0, 2), s.cap_cents,
+           s.settled_cents, s.reserved_cents, s.remaining_cents,
            k.allowed_endpoints, k.livemode, k.expires_at, k.revoked_at, k.created_at
       FROM billguard.vault_keys k
-      JOIN billguard.vault_budgets b USING (vendor, billing_period, currency)
+      JOIN billguard.vault_spend s USING (vendor, billing_period, currency)
      WHERE k.key_id = vault_key_status.key_id;
   IF NOT FOUND THEN
     RAISE EXCEPTION 'no vault key %', coalesce(quote_literal(left(vault_key_status.key_id, 40)), 'NULL')

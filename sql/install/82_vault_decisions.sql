@@ -1,10 +1,13 @@
 -- The proxy's two decisions per forwarded request: vault_authorize before
 -- it forwards (may this key make this call, and does the budget have room),
 -- vault_settle after Stripe answered. Decisions on one Idempotency-Key are
--- serialised by an advisory lock of that key, so a retry is counted once;
--- a change of the budget's sums takes the budget's row lock, as the last
--- write before the commit, so that concurrent decisions wait on it as
--- briefly as possible and no concurrency overspends a cap. Each decision
+-- serialised by an advisory lock of that key, so a retry is counted once.
+-- The budget's committed sum (80_vault_ledger.sql) changes only when a
+-- reservation starts or stops being counted: a reservation, a release, a
+-- success after a release. That change takes the budget's row lock, as the
+-- last write before the commit, so that concurrent decisions wait on it as
+-- briefly as possible and no concurrency overspends a cap; a success
+-- settling a reservation leaves the budget's row alone. Each decision
 -- writes one vault_audit row.
 
 -- Serialises the decisions on one Idempotency-Key of a budget until the
@@ -145,9 +148,9 @@ BEGIN
     -- The cap check and the reservation in one UPDATE: the budget's row lock
     -- is held from here to the commit. Once a concurrent holder commits, the
     -- UPDATE checks the cap again against the row it left.
-    UPDATE billguard.vault_budgets b SET reserved_cents = b.reserved_cents + amount, updated_at = now()
+    UPDATE billguard.vault_budgets b SET committed_cents = b.committed_cents + amount, updated_at = now()
      WHERE (b.vendor, b.billing_period, b.currency) = (k.vendor, k.billing_period, k.currency)
-       AND b.settled_cents + b.reserved_cents + amount <= b.cap_cents;
+       AND b.committed_cents + amount <= b.cap_cents;
     IF NOT FOUND THEN
       status := 429; code := 'spend_cap_exceeded';
       reason := format('spend cap exceeded for billing_period %s', k.billing_period);
@@ -206,7 +209,7 @@ BEGIN
   END IF;
   SELECT * INTO k FROM billguard.vault_keys v WHERE v.key_id = vault_settle.key_id;
   -- The Idempotency-Key's lock (as vault_authorize takes it); the budget's
-  -- row lock, when the budget changes at all, comes last.
+  -- row lock, when its committed sum changes at all, comes last.
   PERFORM billguard.lock_vault_idempotency_key(k.vendor, k.billing_period, k.currency,
                                                vault_settle.idempotency_key);
   SELECT * INTO held FROM billguard.vault_reservations r
@@ -253,19 +256,18 @@ BEGIN
                WHEN upstream_status = 0 THEN 'no answer from upstream'
                ELSE vault_settle.error_type END);
 
-  -- The budget last, held to the commit only.
-  IF outcome = 'settled' AND held.status <> 'settled' THEN
+  -- The budget last, held to the commit only, and only when its committed
+  -- sum changes: a success settling a reservation was counted when it was
+  -- reserved, and leaves the budget alone.
+  IF outcome = 'settled' AND held.status = 'released' THEN
     -- A success after a release (Stripe answering a key it refused before)
-    -- is still money spent: it is counted, whatever the cap says.
+    -- is still money spent: it is counted again, whatever the cap says.
     UPDATE billguard.vault_budgets b
-       SET settled_cents = b.settled_cents + held.amount_cents,
-           reserved_cents = b.reserved_cents
-                            - CASE held.status WHEN 'reserved' THEN held.amount_cents ELSE 0 END,
-           updated_at = now()
+       SET committed_cents = b.committed_cents + held.amount_cents, updated_at = now()
      WHERE (b.vendor, b.billing_period, b.currency) = (k.vendor, k.billing_period, k.currency);
   ELSIF outcome = 'released' AND held.status = 'reserved' THEN
     UPDATE billguard.vault_budgets b
-       SET reserved_cents = b.reserved_cents - held.amount_cents, updated_at = now()
+       SET committed_cents = b.committed_cents - held.amount_cents, updated_at = now()
      WHERE (b.vendor, b.billing_period, b.currency) = (k.vendor, k.billing_period, k.currency);
   END IF;
   RETURN outcome;

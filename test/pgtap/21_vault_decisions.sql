@@ -13,7 +13,7 @@
 -- reserved again on retry; bad arguments are 22023 and change nothing;
 -- every decision is one audit row.
 BEGIN;
-SELECT plan(36);
+SELECT plan(39);
 
 CREATE TEMP TABLE k AS
   SELECT * FROM billguard.issue_vault_key('stripe', '2041-01', 50, ARRAY['/v1/payment_intents'],
@@ -36,7 +36,7 @@ CREATE FUNCTION pg_temp.decision(secret text, method text, path text, idem text,
     FROM pg_temp.authorize(secret, method, path, idem, digest, amount, currency) a
 $$;
 CREATE FUNCTION pg_temp.sums() RETURNS text LANGUAGE sql AS $$
-  SELECT settled_cents || '/' || reserved_cents FROM billguard.vault_budgets WHERE billing_period = '2041-01'
+  SELECT settled_cents || '/' || reserved_cents FROM billguard.vault_spend WHERE billing_period = '2041-01'
 $$;
 CREATE TEMP TABLE other AS
   SELECT * FROM billguard.issue_vault_key('stripe', '2041-02', 50, ARRAY['/v1/payment_intents'],
@@ -113,6 +113,11 @@ SELECT is(pg_temp.decision((SELECT vault_key FROM k), 'POST', '/v1/payment_inten
 SELECT is(billguard.vault_settle((SELECT key_id FROM k), 'i2', 400, 'invalid_request_error', NULL, '{}', NULL),
           'released', 'a 400 invalid_request_error releases it');
 SELECT is(pg_temp.sums(), '3000/0', 'released, nothing reserved');
+SELECT is(billguard.vault_settle((SELECT key_id FROM k), 'i2', 200, NULL, 'pi_late', '{"id": "pi_late"}', 'req_late'),
+          'settled', 'a success Stripe answers after it refused the key ...');
+SELECT is(pg_temp.sums(), '5000/0', '... is counted again: the money is spent');
+SELECT is((SELECT committed_cents FROM billguard.vault_budgets WHERE billing_period = '2041-01'), 5000::bigint,
+          'the budget''s committed sum is its settled and reserved sums');
 
 -- Bad arguments change nothing.
 SELECT throws_ok($$SELECT * FROM pg_temp.authorize((SELECT vault_key FROM k), 'POST', '/v1/payment_intents', 'i3', 'a', 0)$$,
@@ -125,7 +130,8 @@ SELECT is((SELECT string_agg(decision || coalesce(':' || http_status, ''), ' ' O
              FROM billguard.vault_audit WHERE billing_period = '2041-01' AND decision <> 'issued'),
           'refused:403 refused:403 refused:403 refused:403 refused:403 forwarded refused:400 refused:400 '
           'reserved reused reused refused:400 refused:400 refused:429 refused:429 reserved '
-          'settled:200 settled:200 replayed:200 unknown:500 unknown:0 released:402 reserved released:400',
+          'settled:200 settled:200 replayed:200 unknown:500 unknown:0 released:402 reserved released:400 '
+          'settled:200',
           'every decision of the budget is in vault_audit, in order');
 
 SELECT * FROM finish();

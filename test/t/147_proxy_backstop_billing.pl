@@ -130,7 +130,7 @@ is(statuses('bill3'), 'blocked=91,completed=10', 'bill3: 10 charges passed (the 
 is(scalar(@{ succeeded_charges($emulator) }), 110, 'the emulator holds 10 more charges');
 my $charged = emulator_total();
 cmp_ok($charged, '<=', $cap_cents, "the emulator's total ($charged cents) never passes the cap ($cap_cents)");
-is(in_db('postgres', q{SELECT settled_cents || '/' || reserved_cents FROM billguard.vault_budgets WHERE billing_period = '2026-08'}),
+is(in_db('postgres', q{SELECT settled_cents || '/' || reserved_cents FROM billguard.vault_spend WHERE billing_period = '2026-08'}),
 	"$charged/0", "the budget's settled sum is the emulator's total, nothing reserved");
 
 my $bill3_key = in_db('bill3', q{SELECT key_id FROM billguard.vault_credentials WHERE billing_period = '2026-08'});

@@ -13,12 +13,19 @@
 #                against 50 USD: exactly 100 reserved, 100 refused with 429
 #   mixed        30 sessions run random authorize and settle (200, 402, 500,
 #                no answer) calls on 8 shared keys
-# After each, the budget's settled and reserved sums equal the sums of its
-# reservations by status, and every decision wrote one audit row.
+#   tight        the same on 40 keys of 1 USD against a cap of 5 USD, so that
+#                releases free room that other sessions' reservations take
+# After each, the budget's committed sum is the sum of its reservations not
+# released and within the cap, the settled and reserved sums it shows are
+# the sums of its reservations by status, and every decision wrote one
+# audit row. And a success settling a reservation neither locks nor updates
+# the budget's row: it settles while another session holds that row's lock
+# (a release, which lowers the committed sum, waits for it).
 use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IPC::Run;
 use BillguardTest;
 
 my $node = billguard_node('ledger_races');
@@ -53,7 +60,21 @@ sub new_budget {
 # "settled/reserved" of the budget, and the same sums over its reservations.
 sub sums {
 	my ($period) = @_;
-	return q1(qq{SELECT settled_cents || '/' || reserved_cents FROM billguard.vault_budgets WHERE billing_period = '$period'});
+	return q1(qq{SELECT settled_cents || '/' || reserved_cents FROM billguard.vault_spend WHERE billing_period = '$period'});
+}
+# The budget's committed sum must be the sum of its reservations not
+# released, and never more than its cap.
+sub committed_is_counted {
+	my ($period, $label) = @_;
+	my ($rc, $out, $err) = $node->psql('postgres', qq{
+	  SELECT b.committed_cents, (SELECT coalesce(sum(r.amount_cents), 0) FROM billguard.vault_reservations r
+	                              WHERE r.billing_period = b.billing_period AND r.status <> 'released'), b.cap_cents
+	    FROM billguard.vault_budgets b WHERE b.billing_period = '$period'});
+	is($err, '', "$label: the budget has a committed sum");
+	my ($committed, $counted, $cap) = split /\|/, $out, -1;
+	$_ //= 'none' for $committed, $counted, $cap;
+	is($committed, $counted, "$label: the committed sum ($committed) is the sum of the reservations not released");
+	ok($committed ne 'none' && $committed <= $cap, "$label: the committed sum is within the cap ($cap)");
 }
 sub reservation_sums {
 	my ($period) = @_;
@@ -126,9 +147,58 @@ is(sums('2050-04'), reservation_sums('2050-04'), 'mixed: the budget\'s sums are 
 is(q1(q{SELECT count(*) FROM billguard.vault_audit WHERE billing_period = '2050-04' AND decision <> 'issued'}),
 	scalar(@out), 'mixed: one audit row per decision made');
 
-for my $period ('2050-01', '2050-02', '2050-03') {
+# ---- random decisions on 40 keys against a cap they exceed ---------------------
+# Stripe refuses the r- keys (402) and accepts the a- keys, so that no
+# success arrives after a release (which is counted whatever the cap says).
+new_budget('2050-05', 5);
+my @tight = map {
+	[ map {
+		my $k = (rand() < 0.5 ? 'tight-a-' : 'tight-r-') . (1 + int(rand(20)));
+		my $op = int(rand(4));
+		$op < 2 ? qq{SELECT auth('2050-05', '$k', 100)}
+		  : qq{SELECT settle('2050-05', '$k', ${\ ($op == 3 ? 500 : $k =~ /-a-/ ? 200 : 402) })} } 1 .. 20 ]
+} 1 .. 30;
+@out = race('tight', @tight);
+like(tally(@out), qr/refused:429=\d+/, 'tight: the cap refused some reservations');
+is(q1(q{SELECT count(*) FROM billguard.vault_audit WHERE billing_period = '2050-05' AND decision <> 'issued'}),
+	scalar(@out), 'tight: one audit row per decision made');
+
+for my $period ('2050-01', '2050-02', '2050-03', '2050-04', '2050-05') {
 	is(sums($period), reservation_sums($period), "$period: the budget's sums are the sums of its reservations");
+	committed_is_counted($period, $period);
 }
+
+# ---- a success settles while another session holds the budget's row lock --------
+new_budget('2050-06', 10);
+is(join(' ', map { q1(qq{SELECT auth('2050-06', '$_', 300)}) } qw(lock-ok lock-refused)), 'reserved reserved',
+	'lock: two reservations');
+my $row_version = q{SELECT xmin || ' ' || ctid FROM billguard.vault_budgets WHERE billing_period = '2050-06'};
+my $before = q1($row_version);
+my $holder = IPC::Run::start(
+	[ 'psql', '-XAtq', '-d', $node->connstr('postgres'), '-c', "SET application_name = 'budget_holder'",
+	  '-c', q{BEGIN; SELECT FROM billguard.vault_budgets WHERE billing_period = '2050-06' FOR UPDATE; SELECT pg_sleep(600)} ],
+	'>', \my $holder_out, '2>', \my $holder_err);
+$node->poll_query_until('postgres',
+	q{SELECT count(*) = 1 FROM pg_stat_activity WHERE application_name = 'budget_holder' AND wait_event = 'PgSleep'})
+  or die 'the holder did not lock the budget';
+# Fails within the lock_timeout, rather than hanging, where a settle waits.
+sub settle_beside_holder {
+	my ($idem, $upstream, $timeout) = @_;
+	my ($rc, $out, $err) = $node->psql('postgres',
+		"SET lock_timeout = '$timeout'; SELECT settle('2050-06', '$idem', $upstream)");
+	return $rc == 0 ? $out : ($err =~ /(canceling statement due to lock timeout)/)[0] // $err;
+}
+is(settle_beside_holder('lock-ok', 200, '10s'), 'settled',
+	'lock: a success settles while another session holds the budget\'s row lock');
+is(settle_beside_holder('lock-refused', 402, '200ms'), 'canceling statement due to lock timeout',
+	'lock: a release, which lowers the committed sum, waits for that lock');
+$node->safe_psql('postgres', q{SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'budget_holder'});
+$holder->finish;
+is(q1($row_version), $before, 'lock: the success did not update the budget\'s row');
+is(q1(q{SELECT string_agg(status, ' ' ORDER BY idempotency_key) FROM billguard.vault_reservations WHERE billing_period = '2050-06'}),
+	'settled reserved', 'lock: the success is settled, the timed-out release changed nothing');
+is(sums('2050-06'), '300/300', 'lock: the budget shows 300 cents settled, 300 reserved');
+committed_is_counted('2050-06', 'lock');
 
 $node->stop;
 done_testing();
