@@ -29,7 +29,8 @@ CREATE FUNCTION billguard.verify_stripe_signature(payload text, signature_header
 --                 decline of a cancelled or blocked one): a person should look
 --   other_charge  a success or refund of another charge than the completed
 --                 record's: a second charge with one key, for a person
---   mismatch      the object's amount or currency differ from the record's
+--   mismatch      the object's amount, currency or Stripe customer differ
+--                 from the record's, or the event is a connected account's
 -- The payload itself is not kept (a PaymentIntent carries its client_secret).
 CREATE TABLE billguard.stripe_events (
   event_id              text NOT NULL,
@@ -150,10 +151,19 @@ DECLARE
   effect   text;
   detail   text;
 BEGIN
-  IF (object ->> 'amount')::bigint <> rec.amount_cents OR object ->> 'currency' <> rec.currency THEN
+  -- The key in metadata is not proof enough: anyone who can write metadata
+  -- (a connected account's owner, another system on this account) can copy
+  -- a record's key, so what billguard sends must match too.
+  IF event ->> 'account' IS NOT NULL THEN
     effect := 'mismatch';
-    detail := format('the event is about %s %s, the record about %s %s',
-                     object ->> 'amount', object ->> 'currency', rec.amount_cents, rec.currency);
+    detail := format('the event comes from connected account %s, not from this Stripe account',
+                     event ->> 'account');
+  ELSIF (object ->> 'amount')::bigint <> rec.amount_cents OR object ->> 'currency' <> rec.currency
+     OR object ->> 'customer' IS DISTINCT FROM rec.stripe_customer THEN
+    effect := 'mismatch';
+    detail := format('the event is about %s %s of customer %s, the record about %s %s of %s',
+                     object ->> 'amount', object ->> 'currency', coalesce(object ->> 'customer', 'none'),
+                     rec.amount_cents, rec.currency, rec.stripe_customer);
   ELSIF outcome IN ('charged', 'refunded') AND rec.status = 'completed' THEN
     effect := CASE WHEN charge <> rec.charge_id THEN 'other_charge'
                    WHEN outcome = 'refunded' THEN 'refunded' ELSE 'confirmed' END;

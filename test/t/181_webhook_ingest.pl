@@ -6,6 +6,8 @@
 #     refunded (partly, then fully) but never turned into anything else;
 #     every applied event is in stripe_events, journaled as WebhookApplied
 #     and folded into entity_state;
+#   - a look-alike (another Stripe customer, a connected account) with the
+#     key and amount of a record billguard has not charged: mismatch;
 #   - a delivery that comes again, re-signed or not, or from 20 sessions at
 #     once: applied once;
 #   - a rolled secret: two v1 signatures pass, on a server holding either
@@ -61,7 +63,7 @@ sub event {
 	my ($type, $customer, %object) = @_;
 	my $kind = $type =~ /^charge\./ ? 'charge' : 'payment_intent';
 	my %defaults = (id => ($kind eq 'charge' ? 'ch_' : 'pi_') . "181$customer", object => $kind,
-		amount => 1000 + substr($customer, -1), currency => 'usd',
+		amount => 1000 + substr($customer, -1), currency => 'usd', customer => "cus_00000$customer",
 		metadata => { billguard_key => key_of($node, "cust_00000$customer", '2026-08') });
 	$defaults{payment_intent} = "pi_181$customer" if $kind eq 'charge';
 	return stripe_event(id => 'evt_181_' . ++$event_number, type => $type, object => { %defaults, %object });
@@ -161,6 +163,20 @@ is(record(7), 'cancelled||0', 'the cancelled record stays cancelled');
 is(deliver(event('payment_intent.succeeded', 8, amount => 999)), 'mismatch', 'another amount: mismatch');
 is(deliver(event('payment_intent.succeeded', 8, currency => 'eur')), 'mismatch', 'another currency: mismatch');
 is(record(8), 'pending||1', 'the record is unchanged by either');
+
+# Look-alikes: the record's key, amount and currency, but not its Stripe
+# customer, or from a connected account (a Connect endpoint hears every
+# connected account's events, whose metadata their owners write).
+is(deliver(event('payment_intent.succeeded', 8, customer => 'cus_181other')), 'mismatch',
+	'another Stripe customer\'s PaymentIntent with the record\'s key and amount: mismatch');
+like(slurp_file($node->logfile), qr/changed nothing: the event is about 1008 usd of customer cus_181other, the record about 1008 usd of cus_000008/,
+	'... logged for a person, naming both customers');
+is(deliver(event('charge.succeeded', 8, customer => undef)), 'mismatch', 'a Charge of no customer: mismatch');
+my $connected = event('payment_intent.succeeded', 8) =~ s/^\{/{"account":"acct_181connected",/r;
+is(deliver($connected), 'mismatch', 'an event of a connected account (Connect), about the record\'s own customer: mismatch');
+like(slurp_file($node->logfile), qr/changed nothing: the event comes from connected account acct_181connected, not from this Stripe account/,
+	'... saying so');
+is(record(8), 'pending||1', 'the record billguard has not charged is still pending: its customer is billed');
 
 # ---- at least once: applied once ------------------------------------------------------
 

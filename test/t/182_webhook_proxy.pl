@@ -59,7 +59,7 @@ sub succeeded {
 	my ($customer, %extra) = @_;
 	return stripe_event(id => 'evt_182_' . ++$n, type => 'payment_intent.succeeded', %extra,
 		object => { id => "pi_182$customer", object => 'payment_intent', amount => 1000 + $customer, currency => 'usd',
-			status => 'succeeded', metadata => { billguard_key => key_of($node, "cust_00000$customer", '2026-08') } });
+			customer => "cus_00000$customer", status => 'succeeded', metadata => { billguard_key => key_of($node, "cust_00000$customer", '2026-08') } });
 }
 sub everything {
 	return q1($node, q{SELECT string_agg(customer_id || ':' || status || ':' || coalesce(charge_id, ''), ' ' ORDER BY customer_id)
