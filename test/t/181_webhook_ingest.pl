@@ -5,7 +5,8 @@
 #     completed, a needs_review one failed, a completed one confirmed,
 #     refunded (partly, then fully) but never turned into anything else;
 #     every applied event is in stripe_events, journaled as WebhookApplied
-#     and folded into entity_state;
+#     and folded into entity_state (a refund delivered late never shrinks
+#     the amount refunded);
 #   - a look-alike (another Stripe customer, a connected account) with the
 #     key and amount of a record billguard has not charged: mismatch;
 #   - a delivery that comes again, re-signed or not, or from 20 sessions at
@@ -154,6 +155,10 @@ is(join(' ', map { "$_->{amount_refunded_cents}:" . ($_->{fully_refunded} ? 'ful
 is(q1($node, q{SELECT (billguard.entity_state('billing-cust_000005-2026-08') ->> 'status') || ' '
                || (billguard.entity_state('billing-cust_000005-2026-08') ->> 'refunded_cents')}),
 	'completed 1005', 'entity_state: completed, 1005 cents refunded');
+is(deliver(event('charge.refunded', 5, id => 'ch_1815', amount_refunded => 700, refunded => JSON::PP::false)),
+	'refunded', 'a partial refund\'s event delivered after the full one (Stripe keeps no order): refunded');
+is(q1($node, q{SELECT billguard.entity_state('billing-cust_000005-2026-08') ->> 'refunded_cents'}), '1005',
+	'entity_state still says 1005 cents: an event delivered late never shrinks what was refunded');
 is(q1($node, "SELECT status FROM billguard.bill_customer('cust_000005', '2026-08')"), 'already_completed',
 	'bill_customer still answers already_completed: a refund never reopens the period');
 
