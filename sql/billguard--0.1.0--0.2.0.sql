@@ -3675,7 +3675,9 @@ COMMENT ON FUNCTION billguard.vault_settle(text, text, integer, text, text, text
 -- A webhook whose object is another Stripe customer's, or whose event is a
 -- connected account's, is a mismatch: the key in metadata is not enough.
 -- entity_state's refunded_cents never shrinks when refund events arrive
--- out of order.
+-- out of order. A delivery for a record another session keeps locked gives
+-- up after 5 s (55P03; Stripe delivers it again) instead of holding one of
+-- the proxy's connections for as long as the lock is held.
 CREATE OR REPLACE FUNCTION billguard.apply_event(state jsonb, event_type text, event jsonb) RETURNS jsonb
   LANGUAGE sql IMMUTABLE PARALLEL SAFE
   SET search_path = pg_catalog, pg_temp
@@ -3802,4 +3804,44 @@ BEGIN
       'fully_refunded', CASE WHEN outcome = 'refunded' THEN refunded >= rec.amount_cents END,
       'detail', nullif(detail, ''))));
   RETURN effect;
+END $$;
+
+CREATE OR REPLACE FUNCTION billguard.ingest_stripe_event(payload text, signature_header text)
+  RETURNS text
+  LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+  -- A session that keeps a record locked must not hold every delivery (and
+  -- the proxy's connections) with it: Stripe delivers a refused one again.
+  SET lock_timeout = '5s'
+  AS $$
+DECLARE
+  event jsonb;
+  key   text;
+  rec   billguard.billing_records;
+BEGIN
+  PERFORM billguard.verify_stripe_signature(payload, signature_header);
+  event := billguard.stripe_event_json(payload);
+  key := event -> 'data' -> 'object' -> 'metadata' ->> 'billguard_key';
+  IF billguard.stripe_event_outcome(event ->> 'type') IS NULL OR key IS NULL THEN
+    RETURN 'ignored';
+  END IF;
+  -- The record's lock serialises every event of one billing, and the
+  -- dispatcher's answers with them; a second delivery of the same event
+  -- finds the first one's row once it holds the lock.
+  BEGIN
+    SELECT * INTO rec FROM billguard.billing_records r WHERE r.idempotency_key = key FOR UPDATE;
+  EXCEPTION WHEN lock_not_available THEN
+    RAISE EXCEPTION 'billing record % is locked by another session: event % was not applied',
+                    key, event ->> 'id'
+      USING ERRCODE = 'lock_not_available',
+            HINT = 'Stripe delivers it again later; a transaction left open on the record holds it.';
+  END;
+  IF rec.idempotency_key IS NULL THEN
+    RAISE EXCEPTION 'no billing record has the key % that event % names', key, event ->> 'id'
+      USING ERRCODE = 'no_data_found',
+            HINT = 'The event is for another database or key namespace billing through this Stripe account.';
+  END IF;
+  IF EXISTS (SELECT FROM billguard.stripe_events e WHERE e.event_id = event ->> 'id') THEN
+    RETURN 'already_seen';
+  END IF;
+  RETURN billguard.apply_stripe_event(rec, event);
 END $$;
