@@ -3674,6 +3674,8 @@ COMMENT ON FUNCTION billguard.vault_settle(text, text, integer, text, text, text
 -- ==== Stripe webhooks from an adversary's side (issue 7) ====
 -- A webhook whose object is another Stripe customer's, or whose event is a
 -- connected account's, is a mismatch: the key in metadata is not enough.
+-- A decline of an object created a day or more before the record's last
+-- attempt leaves an unknown or needs_review record to the dispatcher.
 -- entity_state's refunded_cents never shrinks when refund events arrive
 -- out of order. A delivery for a record another session keeps locked gives
 -- up after 5 s (55P03; Stripe delivers it again) instead of holding one of
@@ -3737,6 +3739,8 @@ DECLARE
   outcome  text := billguard.stripe_event_outcome(event ->> 'type');
   charge   text := billguard.stripe_event_charge_id(object);
   refunded bigint := CASE WHEN outcome = 'refunded' THEN (object ->> 'amount_refunded')::bigint END;
+  created  timestamptz := CASE WHEN object ->> 'created' ~ '^[0-9]{1,12}$'
+                               THEN to_timestamp((object ->> 'created')::bigint) END;
   effect   text;
   detail   text;
 BEGIN
@@ -3768,6 +3772,17 @@ BEGIN
            lease_expires_at = NULL, last_error = NULL, updated_at = now()
      WHERE r.idempotency_key = rec.idempotency_key;
     effect := CASE WHEN outcome = 'refunded' THEN 'refunded' ELSE 'completed' END;
+  ELSIF rec.status IN ('unknown', 'needs_review') AND EXISTS (
+          SELECT FROM billguard.journal j
+           WHERE j.persistence_id = 'billing-' || rec.customer_id || '-' || rec.billing_period
+             AND j.event_type = 'ChargeAttempted'
+             AND (j.event ->> 'at')::timestamptz >= created + interval '24 hours') THEN
+    -- Stripe may have forgotten the key by then (after a day at the
+    -- earliest) and made another PaymentIntent with it: a decline of this
+    -- older object, delivered late, says nothing about that one.
+    effect := 'unchanged';
+    detail := format('%s was created at %s, a day or more before the record''s last attempt',
+                     object ->> 'id', created);
   ELSIF rec.status IN ('unknown', 'needs_review') THEN
     detail := billguard.stripe_event_decline(object);
     UPDATE billguard.billing_records r

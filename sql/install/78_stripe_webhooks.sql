@@ -23,7 +23,9 @@ CREATE FUNCTION billguard.verify_stripe_signature(payload text, signature_header
 --                 first becomes, completed; the period is not billed again)
 --   confirmed     the event says what the record says already
 --   unchanged     a failure while the dispatcher still has the record: it
---                 hears the same from Stripe under the same key
+--                 hears the same from Stripe under the same key; or a
+--                 failure of an object created a day or more before the
+--                 record's last attempt (Stripe may have made another since)
 --   kept          the event contradicts a settled record, which keeps its
 --                 status (a failure of a completed record's own charge, a
 --                 decline of a cancelled or blocked one): a person should look
@@ -148,6 +150,8 @@ DECLARE
   outcome  text := billguard.stripe_event_outcome(event ->> 'type');
   charge   text := billguard.stripe_event_charge_id(object);
   refunded bigint := CASE WHEN outcome = 'refunded' THEN (object ->> 'amount_refunded')::bigint END;
+  created  timestamptz := CASE WHEN object ->> 'created' ~ '^[0-9]{1,12}$'
+                               THEN to_timestamp((object ->> 'created')::bigint) END;
   effect   text;
   detail   text;
 BEGIN
@@ -179,6 +183,17 @@ BEGIN
            lease_expires_at = NULL, last_error = NULL, updated_at = now()
      WHERE r.idempotency_key = rec.idempotency_key;
     effect := CASE WHEN outcome = 'refunded' THEN 'refunded' ELSE 'completed' END;
+  ELSIF rec.status IN ('unknown', 'needs_review') AND EXISTS (
+          SELECT FROM billguard.journal j
+           WHERE j.persistence_id = 'billing-' || rec.customer_id || '-' || rec.billing_period
+             AND j.event_type = 'ChargeAttempted'
+             AND (j.event ->> 'at')::timestamptz >= created + interval '24 hours') THEN
+    -- Stripe may have forgotten the key by then (after a day at the
+    -- earliest) and made another PaymentIntent with it: a decline of this
+    -- older object, delivered late, says nothing about that one.
+    effect := 'unchanged';
+    detail := format('%s was created at %s, a day or more before the record''s last attempt',
+                     object ->> 'id', created);
   ELSIF rec.status IN ('unknown', 'needs_review') THEN
     detail := billguard.stripe_event_decline(object);
     UPDATE billguard.billing_records r

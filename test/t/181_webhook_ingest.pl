@@ -7,6 +7,8 @@
 #     every applied event is in stripe_events, journaled as WebhookApplied
 #     and folded into entity_state (a refund delivered late never shrinks
 #     the amount refunded);
+#   - a decline delivered late, of a PaymentIntent created a day or more
+#     before the record's last attempt, leaves an unknown record unknown;
 #   - a look-alike (another Stripe customer, a connected account) with the
 #     key and amount of a record billguard has not charged: mismatch;
 #   - a delivery that comes again, re-signed or not, or from 20 sessions at
@@ -123,6 +125,27 @@ is(record(3), 'failed||1', 'the record failed, no charge');
 is(q1($node, "SELECT last_error FROM billguard.billing_records WHERE customer_id = 'cust_000003'"),
 	'webhook payment_intent.payment_failed card_declined/generic_decline: Your card was declined.',
 	'last_error says which event and why');
+
+# A decline delivered late, of a PaymentIntent older than the record's last
+# attempt: cust_000003's 2026-09 request was declined two days ago
+# (pi_181old), the record was requeued, and its new attempt, sent with the
+# same key when Stripe may have forgotten it, got a cached 500.
+is(q1($node, "SELECT status FROM billguard.bill_customer('cust_000003', '2026-09')"), 'initiated', 'cust_000003 billed for 2026-09');
+q1($node, q{UPDATE billguard.billing_records SET status = 'unknown', attempts = 1, first_dispatched_at = now() - interval '2 days'
+             WHERE customer_id = 'cust_000003' AND billing_period = '2026-09';
+            SELECT billguard.append_billing_event('cust_000003', '2026-09', 'ChargeAttempted',
+              jsonb_build_object('attempt', 1, 'action', 'search', 'at', now()))});
+sub declined_in_september {
+	my ($id, $created) = @_;
+	return stripe_event(id => "evt_181_$id", type => 'payment_intent.payment_failed', object => { id => $id,
+		object => 'payment_intent', amount => 1003, currency => 'usd', customer => 'cus_000003', created => $created,
+		metadata => { billguard_key => key_of($node, 'cust_000003', '2026-09') },
+		last_payment_error => { code => 'card_declined', message => 'Your card was declined.' } });
+}
+is(deliver(declined_in_september('pi_181old', time - 2 * 86400)), 'unchanged',
+	'unknown + a decline of a PaymentIntent created two days before the record\'s last attempt: unchanged');
+is(record_of($node, 'cust_000003', '2026-09'), 'unknown||1', 'the record is still unknown: its own request may have charged');
+is(deliver(declined_in_september('pi_181new', time)), 'failed', 'a decline of one created since: failed');
 
 is(deliver(event('charge.failed', 4, failure_code => 'card_declined', failure_message => 'Your card was declined.')),
 	'unchanged', 'dispatching + charge.failed: unchanged, the dispatcher hears it from Stripe itself');
