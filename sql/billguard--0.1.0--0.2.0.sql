@@ -3943,3 +3943,193 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION billguard.vault_settle(text, text, integer, text, text, text, text) IS
   'Records Stripe''s answer to a reserved request: settled, released or unknown (still reserved); audited.';
+
+-- ==== Stripe webhooks from an adversary's side (issue 7) ====
+-- A webhook whose object is another Stripe customer's, or whose event is a
+-- connected account's, is a mismatch: the key in metadata is not enough.
+-- A decline of an object created a day or more before the record's last
+-- attempt leaves an unknown or needs_review record to the dispatcher.
+-- entity_state's refunded_cents never shrinks when refund events arrive
+-- out of order. A delivery for a record another session keeps locked gives
+-- up after 5 s (55P03; Stripe delivers it again) instead of holding one of
+-- the proxy's connections for as long as the lock is held.
+CREATE OR REPLACE FUNCTION billguard.apply_event(state jsonb, event_type text, event jsonb) RETURNS jsonb
+  LANGUAGE sql IMMUTABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  RETURN CASE event_type
+    WHEN 'BillingInitiated' THEN state || jsonb_build_object(
+      'status', 'in_progress',
+      'customer_id', event -> 'customer_id',
+      'billing_period', event -> 'billing_period',
+      'idempotency_key', event -> 'idempotency_key',
+      'amount_cents', event -> 'amount_cents',
+      'currency', event -> 'currency',
+      'initiated_at', event -> 'initiated_at')
+    WHEN 'ChargeAttempted' THEN state || jsonb_build_object(
+      'attempts', coalesce(event -> 'attempt', to_jsonb(coalesce((state ->> 'attempts')::int, 0) + 1)))
+    WHEN 'BillingCompleted' THEN state || jsonb_build_object(
+      'status', 'completed', 'charge_id', event -> 'charge_id')
+    WHEN 'ChargeReconciled' THEN state || jsonb_build_object(
+      'status', 'completed', 'charge_id', event -> 'charge_id')
+    WHEN 'ReviewResolved' THEN state || jsonb_build_object(
+      'status', 'completed', 'charge_id', event -> 'charge_id')
+    WHEN 'BillingFailed' THEN state || jsonb_build_object(
+      'status', CASE WHEN (event ->> 'terminal')::boolean THEN 'failed' ELSE state ->> 'status' END,
+      'last_error', event - 'terminal')
+    WHEN 'ChargeUnknown' THEN state || jsonb_build_object('status', 'unknown')
+    WHEN 'NeedsReview' THEN state || jsonb_build_object('status', 'needs_review')
+    WHEN 'BillingBlocked' THEN state || jsonb_build_object('status', 'blocked')
+    WHEN 'RecordRequeued' THEN state || jsonb_build_object('status', 'in_progress')
+    WHEN 'BillingCancelled' THEN state || jsonb_build_object('status', 'cancelled')
+    WHEN 'WebhookApplied' THEN state || jsonb_strip_nulls(jsonb_build_object(
+      'status', CASE WHEN event ->> 'effect' IN ('completed', 'refunded') THEN 'completed'
+                     WHEN event ->> 'effect' = 'failed' THEN 'failed' END,
+      'charge_id', CASE WHEN event ->> 'effect' IN ('completed', 'refunded') THEN event -> 'charge_id' END,
+      -- Stripe's amount refunded so far only grows; its events come in any order.
+      'refunded_cents', CASE WHEN event ->> 'effect' = 'refunded'
+                             THEN to_jsonb(greatest((state ->> 'refunded_cents')::bigint,
+                                                    (event ->> 'amount_refunded_cents')::bigint)) END))
+    WHEN 'BillingTickIssued' THEN jsonb_set(state, '{issued_periods}',
+      CASE WHEN (state -> 'issued_periods') ? (event ->> 'billing_period')
+           THEN state -> 'issued_periods'
+           ELSE coalesce(state -> 'issued_periods', '[]'::jsonb) || jsonb_build_array(event -> 'billing_period')
+      END)
+      || CASE WHEN event ->> 'billing_period' >= coalesce(state ->> 'last_issued_period', '')
+              THEN jsonb_build_object('last_issued_period', event -> 'billing_period',
+                                      'last_issued_at', event -> 'issued_at')
+              ELSE '{}'::jsonb
+         END
+    ELSE state
+  END || jsonb_build_object('last_event_type', event_type);
+
+CREATE OR REPLACE FUNCTION billguard.apply_stripe_event(rec billguard.billing_records, event jsonb)
+  RETURNS text
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+DECLARE
+  object   jsonb := event -> 'data' -> 'object';
+  outcome  text := billguard.stripe_event_outcome(event ->> 'type');
+  charge   text := billguard.stripe_event_charge_id(object);
+  refunded bigint := CASE WHEN outcome = 'refunded' THEN (object ->> 'amount_refunded')::bigint END;
+  created  timestamptz := CASE WHEN object ->> 'created' ~ '^[0-9]{1,12}$'
+                               THEN to_timestamp((object ->> 'created')::bigint) END;
+  effect   text;
+  detail   text;
+BEGIN
+  -- The key in metadata is not proof enough: anyone who can write metadata
+  -- (a connected account's owner, another system on this account) can copy
+  -- a record's key, so what billguard sends must match too.
+  IF event ->> 'account' IS NOT NULL THEN
+    effect := 'mismatch';
+    detail := format('the event comes from connected account %s, not from this Stripe account',
+                     event ->> 'account');
+  ELSIF (object ->> 'amount')::bigint <> rec.amount_cents OR object ->> 'currency' <> rec.currency
+     OR object ->> 'customer' IS DISTINCT FROM rec.stripe_customer THEN
+    effect := 'mismatch';
+    detail := format('the event is about %s %s of customer %s, the record about %s %s of %s',
+                     object ->> 'amount', object ->> 'currency', coalesce(object ->> 'customer', 'none'),
+                     rec.amount_cents, rec.currency, rec.stripe_customer);
+  ELSIF outcome IN ('charged', 'refunded') AND rec.status = 'completed' THEN
+    effect := CASE WHEN charge <> rec.charge_id THEN 'other_charge'
+                   WHEN outcome = 'refunded' THEN 'refunded' ELSE 'confirmed' END;
+    IF effect = 'other_charge' THEN
+      detail := format('charge %s, while the record completed with %s', charge, rec.charge_id);
+    END IF;
+  ELSIF outcome IN ('charged', 'refunded') THEN
+    -- Stripe charged the customer under this key: the record says so, whatever
+    -- billguard believed (a cached 500, a review, a backup restored from
+    -- before the charge was recorded).
+    UPDATE billguard.billing_records r
+       SET status = 'completed', charge_id = charge, completed_at = now(), next_attempt_at = NULL,
+           lease_expires_at = NULL, last_error = NULL, updated_at = now()
+     WHERE r.idempotency_key = rec.idempotency_key;
+    effect := CASE WHEN outcome = 'refunded' THEN 'refunded' ELSE 'completed' END;
+  ELSIF rec.status IN ('unknown', 'needs_review') AND EXISTS (
+          SELECT FROM billguard.journal j
+           WHERE j.persistence_id = 'billing-' || rec.customer_id || '-' || rec.billing_period
+             AND j.event_type = 'ChargeAttempted'
+             AND (j.event ->> 'at')::timestamptz >= created + interval '24 hours') THEN
+    -- Stripe may have forgotten the key by then (after a day at the
+    -- earliest) and made another PaymentIntent with it: a decline of this
+    -- older object, delivered late, says nothing about that one.
+    effect := 'unchanged';
+    detail := format('%s was created at %s, a day or more before the record''s last attempt',
+                     object ->> 'id', created);
+  ELSIF rec.status IN ('unknown', 'needs_review') THEN
+    detail := billguard.stripe_event_decline(object);
+    UPDATE billguard.billing_records r
+       SET status = 'failed', next_attempt_at = NULL, lease_expires_at = NULL, updated_at = now(),
+           last_error = concat_ws(' ', 'webhook', event ->> 'type', nullif(detail, ''))
+     WHERE r.idempotency_key = rec.idempotency_key;
+    effect := 'failed';
+  ELSIF rec.status = 'failed' THEN
+    effect := 'confirmed';
+  ELSIF rec.status IN ('pending', 'dispatching') THEN
+    effect := 'unchanged';
+  ELSE
+    effect := 'kept';
+    detail := format('a %s for a %s record', event ->> 'type', rec.status);
+  END IF;
+  IF effect IN ('kept', 'other_charge', 'mismatch') THEN
+    RAISE WARNING 'billguard webhook: % (%) for %/% changed nothing: %', event ->> 'id',
+                  event ->> 'type', rec.customer_id, rec.billing_period, detail
+      USING HINT = 'A person should compare the record with Stripe''s dashboard.';
+  END IF;
+
+  INSERT INTO billguard.stripe_events (event_id, event_type, object_id, customer_id, billing_period,
+                                       idempotency_key, effect, detail, amount_refunded_cents,
+                                       stripe_created_at)
+  VALUES (event ->> 'id', event ->> 'type', object ->> 'id', rec.customer_id, rec.billing_period,
+          rec.idempotency_key, effect, nullif(detail, ''), refunded,
+          to_timestamp((event ->> 'created')::bigint));
+  PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'WebhookApplied',
+    jsonb_strip_nulls(jsonb_build_object(
+      'event_id', event ->> 'id', 'event_type', event ->> 'type', 'object_id', object ->> 'id',
+      'effect', effect, 'previous_status', rec.status,
+      'charge_id', CASE WHEN outcome IN ('charged', 'refunded') THEN charge END,
+      'amount_refunded_cents', refunded,
+      'fully_refunded', CASE WHEN outcome = 'refunded' THEN refunded >= rec.amount_cents END,
+      'detail', nullif(detail, ''))));
+  RETURN effect;
+END $$;
+
+CREATE OR REPLACE FUNCTION billguard.ingest_stripe_event(payload text, signature_header text)
+  RETURNS text
+  LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+  -- A session that keeps a record locked must not hold every delivery (and
+  -- the proxy's connections) with it: Stripe delivers a refused one again.
+  SET lock_timeout = '5s'
+  AS $$
+DECLARE
+  event jsonb;
+  key   text;
+  rec   billguard.billing_records;
+BEGIN
+  PERFORM billguard.verify_stripe_signature(payload, signature_header);
+  event := billguard.stripe_event_json(payload);
+  key := event -> 'data' -> 'object' -> 'metadata' ->> 'billguard_key';
+  IF billguard.stripe_event_outcome(event ->> 'type') IS NULL OR key IS NULL THEN
+    RETURN 'ignored';
+  END IF;
+  -- The record's lock serialises every event of one billing, and the
+  -- dispatcher's answers with them; a second delivery of the same event
+  -- finds the first one's row once it holds the lock.
+  BEGIN
+    SELECT * INTO rec FROM billguard.billing_records r WHERE r.idempotency_key = key FOR UPDATE;
+  EXCEPTION WHEN lock_not_available THEN
+    RAISE EXCEPTION 'billing record % is locked by another session: event % was not applied',
+                    key, event ->> 'id'
+      USING ERRCODE = 'lock_not_available',
+            HINT = 'Stripe delivers it again later; a transaction left open on the record holds it.';
+  END;
+  IF rec.idempotency_key IS NULL THEN
+    RAISE EXCEPTION 'no billing record has the key % that event % names', key, event ->> 'id'
+      USING ERRCODE = 'no_data_found',
+            HINT = 'The event is for another database or key namespace billing through this Stripe account.';
+  END IF;
+  IF EXISTS (SELECT FROM billguard.stripe_events e WHERE e.event_id = event ->> 'id') THEN
+    RETURN 'already_seen';
+  END IF;
+  RETURN billguard.apply_stripe_event(rec, event);
+END $$;

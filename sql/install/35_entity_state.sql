@@ -58,7 +58,10 @@ CREATE FUNCTION billguard.apply_event(state jsonb, event_type text, event jsonb)
       'status', CASE WHEN event ->> 'effect' IN ('completed', 'refunded') THEN 'completed'
                      WHEN event ->> 'effect' = 'failed' THEN 'failed' END,
       'charge_id', CASE WHEN event ->> 'effect' IN ('completed', 'refunded') THEN event -> 'charge_id' END,
-      'refunded_cents', CASE WHEN event ->> 'effect' = 'refunded' THEN event -> 'amount_refunded_cents' END))
+      -- Stripe's amount refunded so far only grows; its events come in any order.
+      'refunded_cents', CASE WHEN event ->> 'effect' = 'refunded'
+                             THEN to_jsonb(greatest((state ->> 'refunded_cents')::bigint,
+                                                    (event ->> 'amount_refunded_cents')::bigint)) END))
     WHEN 'BillingTickIssued' THEN jsonb_set(state, '{issued_periods}',
       CASE WHEN (state -> 'issued_periods') ? (event ->> 'billing_period')
            THEN state -> 'issued_periods'

@@ -23,13 +23,16 @@ CREATE FUNCTION billguard.verify_stripe_signature(payload text, signature_header
 --                 first becomes, completed; the period is not billed again)
 --   confirmed     the event says what the record says already
 --   unchanged     a failure while the dispatcher still has the record: it
---                 hears the same from Stripe under the same key
+--                 hears the same from Stripe under the same key; or a
+--                 failure of an object created a day or more before the
+--                 record's last attempt (Stripe may have made another since)
 --   kept          the event contradicts a settled record, which keeps its
 --                 status (a failure of a completed record's own charge, a
 --                 decline of a cancelled or blocked one): a person should look
 --   other_charge  a success or refund of another charge than the completed
 --                 record's: a second charge with one key, for a person
---   mismatch      the object's amount or currency differ from the record's
+--   mismatch      the object's amount, currency or Stripe customer differ
+--                 from the record's, or the event is a connected account's
 -- The payload itself is not kept (a PaymentIntent carries its client_secret).
 CREATE TABLE billguard.stripe_events (
   event_id              text NOT NULL,
@@ -147,13 +150,24 @@ DECLARE
   outcome  text := billguard.stripe_event_outcome(event ->> 'type');
   charge   text := billguard.stripe_event_charge_id(object);
   refunded bigint := CASE WHEN outcome = 'refunded' THEN (object ->> 'amount_refunded')::bigint END;
+  created  timestamptz := CASE WHEN object ->> 'created' ~ '^[0-9]{1,12}$'
+                               THEN to_timestamp((object ->> 'created')::bigint) END;
   effect   text;
   detail   text;
 BEGIN
-  IF (object ->> 'amount')::bigint <> rec.amount_cents OR object ->> 'currency' <> rec.currency THEN
+  -- The key in metadata is not proof enough: anyone who can write metadata
+  -- (a connected account's owner, another system on this account) can copy
+  -- a record's key, so what billguard sends must match too.
+  IF event ->> 'account' IS NOT NULL THEN
     effect := 'mismatch';
-    detail := format('the event is about %s %s, the record about %s %s',
-                     object ->> 'amount', object ->> 'currency', rec.amount_cents, rec.currency);
+    detail := format('the event comes from connected account %s, not from this Stripe account',
+                     event ->> 'account');
+  ELSIF (object ->> 'amount')::bigint <> rec.amount_cents OR object ->> 'currency' <> rec.currency
+     OR object ->> 'customer' IS DISTINCT FROM rec.stripe_customer THEN
+    effect := 'mismatch';
+    detail := format('the event is about %s %s of customer %s, the record about %s %s of %s',
+                     object ->> 'amount', object ->> 'currency', coalesce(object ->> 'customer', 'none'),
+                     rec.amount_cents, rec.currency, rec.stripe_customer);
   ELSIF outcome IN ('charged', 'refunded') AND rec.status = 'completed' THEN
     effect := CASE WHEN charge <> rec.charge_id THEN 'other_charge'
                    WHEN outcome = 'refunded' THEN 'refunded' ELSE 'confirmed' END;
@@ -169,6 +183,17 @@ BEGIN
            lease_expires_at = NULL, last_error = NULL, updated_at = now()
      WHERE r.idempotency_key = rec.idempotency_key;
     effect := CASE WHEN outcome = 'refunded' THEN 'refunded' ELSE 'completed' END;
+  ELSIF rec.status IN ('unknown', 'needs_review') AND EXISTS (
+          SELECT FROM billguard.journal j
+           WHERE j.persistence_id = 'billing-' || rec.customer_id || '-' || rec.billing_period
+             AND j.event_type = 'ChargeAttempted'
+             AND (j.event ->> 'at')::timestamptz >= created + interval '24 hours') THEN
+    -- Stripe may have forgotten the key by then (after a day at the
+    -- earliest) and made another PaymentIntent with it: a decline of this
+    -- older object, delivered late, says nothing about that one.
+    effect := 'unchanged';
+    detail := format('%s was created at %s, a day or more before the record''s last attempt',
+                     object ->> 'id', created);
   ELSIF rec.status IN ('unknown', 'needs_review') THEN
     detail := billguard.stripe_event_decline(object);
     UPDATE billguard.billing_records r
@@ -213,11 +238,15 @@ END $$;
 -- an event applied before, or 'ignored' for an event about something
 -- billguard did not charge (another type, an object without
 -- metadata.billguard_key). A bad signature, a stale timestamp or a payload
--- that is not such an event is 22023, a key no record holds P0002; nothing
--- changes then.
+-- that is not such an event is 22023, a key no record holds P0002, a record
+-- another session keeps locked for 5 s 55P03; nothing changes then.
 CREATE FUNCTION billguard.ingest_stripe_event(payload text, signature_header text)
   RETURNS text
-  LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+  LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+  -- A session that keeps a record locked must not hold every delivery (and
+  -- the proxy's connections) with it: Stripe delivers a refused one again.
+  SET lock_timeout = '5s'
+  AS $$
 DECLARE
   event jsonb;
   key   text;
@@ -232,8 +261,15 @@ BEGIN
   -- The record's lock serialises every event of one billing, and the
   -- dispatcher's answers with them; a second delivery of the same event
   -- finds the first one's row once it holds the lock.
-  SELECT * INTO rec FROM billguard.billing_records r WHERE r.idempotency_key = key FOR UPDATE;
-  IF NOT FOUND THEN
+  BEGIN
+    SELECT * INTO rec FROM billguard.billing_records r WHERE r.idempotency_key = key FOR UPDATE;
+  EXCEPTION WHEN lock_not_available THEN
+    RAISE EXCEPTION 'billing record % is locked by another session: event % was not applied',
+                    key, event ->> 'id'
+      USING ERRCODE = 'lock_not_available',
+            HINT = 'Stripe delivers it again later; a transaction left open on the record holds it.';
+  END;
+  IF rec.idempotency_key IS NULL THEN
     RAISE EXCEPTION 'no billing record has the key % that event % names', key, event ->> 'id'
       USING ERRCODE = 'no_data_found',
             HINT = 'The event is for another database or key namespace billing through this Stripe account.';

@@ -5,7 +5,12 @@
 #     completed, a needs_review one failed, a completed one confirmed,
 #     refunded (partly, then fully) but never turned into anything else;
 #     every applied event is in stripe_events, journaled as WebhookApplied
-#     and folded into entity_state;
+#     and folded into entity_state (a refund delivered late never shrinks
+#     the amount refunded);
+#   - a decline delivered late, of a PaymentIntent created a day or more
+#     before the record's last attempt, leaves an unknown record unknown;
+#   - a look-alike (another Stripe customer, a connected account) with the
+#     key and amount of a record billguard has not charged: mismatch;
 #   - a delivery that comes again, re-signed or not, or from 20 sessions at
 #     once: applied once;
 #   - a rolled secret: two v1 signatures pass, on a server holding either
@@ -61,7 +66,7 @@ sub event {
 	my ($type, $customer, %object) = @_;
 	my $kind = $type =~ /^charge\./ ? 'charge' : 'payment_intent';
 	my %defaults = (id => ($kind eq 'charge' ? 'ch_' : 'pi_') . "181$customer", object => $kind,
-		amount => 1000 + substr($customer, -1), currency => 'usd',
+		amount => 1000 + substr($customer, -1), currency => 'usd', customer => "cus_00000$customer",
 		metadata => { billguard_key => key_of($node, "cust_00000$customer", '2026-08') });
 	$defaults{payment_intent} = "pi_181$customer" if $kind eq 'charge';
 	return stripe_event(id => 'evt_181_' . ++$event_number, type => $type, object => { %defaults, %object });
@@ -121,6 +126,27 @@ is(q1($node, "SELECT last_error FROM billguard.billing_records WHERE customer_id
 	'webhook payment_intent.payment_failed card_declined/generic_decline: Your card was declined.',
 	'last_error says which event and why');
 
+# A decline delivered late, of a PaymentIntent older than the record's last
+# attempt: cust_000003's 2026-09 request was declined two days ago
+# (pi_181old), the record was requeued, and its new attempt, sent with the
+# same key when Stripe may have forgotten it, got a cached 500.
+is(q1($node, "SELECT status FROM billguard.bill_customer('cust_000003', '2026-09')"), 'initiated', 'cust_000003 billed for 2026-09');
+q1($node, q{UPDATE billguard.billing_records SET status = 'unknown', attempts = 1, first_dispatched_at = now() - interval '2 days'
+             WHERE customer_id = 'cust_000003' AND billing_period = '2026-09';
+            SELECT billguard.append_billing_event('cust_000003', '2026-09', 'ChargeAttempted',
+              jsonb_build_object('attempt', 1, 'action', 'search', 'at', now()))});
+sub declined_in_september {
+	my ($id, $created) = @_;
+	return stripe_event(id => "evt_181_$id", type => 'payment_intent.payment_failed', object => { id => $id,
+		object => 'payment_intent', amount => 1003, currency => 'usd', customer => 'cus_000003', created => $created,
+		metadata => { billguard_key => key_of($node, 'cust_000003', '2026-09') },
+		last_payment_error => { code => 'card_declined', message => 'Your card was declined.' } });
+}
+is(deliver(declined_in_september('pi_181old', time - 2 * 86400)), 'unchanged',
+	'unknown + a decline of a PaymentIntent created two days before the record\'s last attempt: unchanged');
+is(record_of($node, 'cust_000003', '2026-09'), 'unknown||1', 'the record is still unknown: its own request may have charged');
+is(deliver(declined_in_september('pi_181new', time)), 'failed', 'a decline of one created since: failed');
+
 is(deliver(event('charge.failed', 4, failure_code => 'card_declined', failure_message => 'Your card was declined.')),
 	'unchanged', 'dispatching + charge.failed: unchanged, the dispatcher hears it from Stripe itself');
 is(record(4), 'dispatching||1', 'the record is still the dispatcher\'s');
@@ -152,6 +178,10 @@ is(join(' ', map { "$_->{amount_refunded_cents}:" . ($_->{fully_refunded} ? 'ful
 is(q1($node, q{SELECT (billguard.entity_state('billing-cust_000005-2026-08') ->> 'status') || ' '
                || (billguard.entity_state('billing-cust_000005-2026-08') ->> 'refunded_cents')}),
 	'completed 1005', 'entity_state: completed, 1005 cents refunded');
+is(deliver(event('charge.refunded', 5, id => 'ch_1815', amount_refunded => 700, refunded => JSON::PP::false)),
+	'refunded', 'a partial refund\'s event delivered after the full one (Stripe keeps no order): refunded');
+is(q1($node, q{SELECT billguard.entity_state('billing-cust_000005-2026-08') ->> 'refunded_cents'}), '1005',
+	'entity_state still says 1005 cents: an event delivered late never shrinks what was refunded');
 is(q1($node, "SELECT status FROM billguard.bill_customer('cust_000005', '2026-08')"), 'already_completed',
 	'bill_customer still answers already_completed: a refund never reopens the period');
 
@@ -161,6 +191,20 @@ is(record(7), 'cancelled||0', 'the cancelled record stays cancelled');
 is(deliver(event('payment_intent.succeeded', 8, amount => 999)), 'mismatch', 'another amount: mismatch');
 is(deliver(event('payment_intent.succeeded', 8, currency => 'eur')), 'mismatch', 'another currency: mismatch');
 is(record(8), 'pending||1', 'the record is unchanged by either');
+
+# Look-alikes: the record's key, amount and currency, but not its Stripe
+# customer, or from a connected account (a Connect endpoint hears every
+# connected account's events, whose metadata their owners write).
+is(deliver(event('payment_intent.succeeded', 8, customer => 'cus_181other')), 'mismatch',
+	'another Stripe customer\'s PaymentIntent with the record\'s key and amount: mismatch');
+like(slurp_file($node->logfile), qr/changed nothing: the event is about 1008 usd of customer cus_181other, the record about 1008 usd of cus_000008/,
+	'... logged for a person, naming both customers');
+is(deliver(event('charge.succeeded', 8, customer => undef)), 'mismatch', 'a Charge of no customer: mismatch');
+my $connected = event('payment_intent.succeeded', 8) =~ s/^\{/{"account":"acct_181connected",/r;
+is(deliver($connected), 'mismatch', 'an event of a connected account (Connect), about the record\'s own customer: mismatch');
+like(slurp_file($node->logfile), qr/changed nothing: the event comes from connected account acct_181connected, not from this Stripe account/,
+	'... saying so');
+is(record(8), 'pending||1', 'the record billguard has not charged is still pending: its customer is billed');
 
 # ---- at least once: applied once ------------------------------------------------------
 

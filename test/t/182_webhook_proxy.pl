@@ -10,12 +10,15 @@
 #   - no usable webhook secret in the database: 500 (Stripe retries), the
 #     reason in the proxy's log; fixed, the retry is applied;
 #   - the database down: 503, then the same process applies the retry;
+#   - a record another session keeps locked: 500 after the lock wait gives
+#     up (Stripe retries), and the proxy's connection serves the next one;
 #   - the proxy refuses to start with a webhook role lacking the grants, and
 #     serves no /webhooks/stripe without --webhook-database.
 use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IPC::Run;
 use JSON::PP;
 use BillguardTest;
 use DispatchScenario;
@@ -59,7 +62,7 @@ sub succeeded {
 	my ($customer, %extra) = @_;
 	return stripe_event(id => 'evt_182_' . ++$n, type => 'payment_intent.succeeded', %extra,
 		object => { id => "pi_182$customer", object => 'payment_intent', amount => 1000 + $customer, currency => 'usd',
-			status => 'succeeded', metadata => { billguard_key => key_of($node, "cust_00000$customer", '2026-08') } });
+			customer => "cus_00000$customer", status => 'succeeded', metadata => { billguard_key => key_of($node, "cust_00000$customer", '2026-08') } });
 }
 sub everything {
 	return q1($node, q{SELECT string_agg(customer_id || ':' || status || ':' || coalesce(charge_id, ''), ' ' ORDER BY customer_id)
@@ -131,6 +134,36 @@ is(q1($node, q{SELECT effect FROM billguard.stripe_events WHERE event_id = 'evt_
 	'and applied once');
 like($proxy->request('GET', '/metrics', undef)->{content}, qr/billguard_proxy_requests_total\{decision="webhook",status="200"\} \d+/,
 	'deliveries are counted in the metrics');
+
+# ---- a record another session holds locked: answered, not waited for ----------------------
+
+# One database connection for webhooks, and a tired operator's session that
+# holds cust_000002's row lock and does not end.
+my $narrow = ProxyHarness->start(conninfo => $node->connstr('postgres'), upstream => $emulator,
+	args => [ '--webhook-database', $webhook_db, '--database-pool', '1' ]);
+my ($held_out, $held_err) = ('', '');
+my $holder = IPC::Run::start([ 'psql', '-XAtq', '-d', $node->connstr('postgres') . ' application_name=t182_holder', '-c',
+	q{SELECT 1 FROM billguard.billing_records WHERE customer_id = 'cust_000002' FOR UPDATE; SELECT pg_sleep(600)} ],
+	'>', \$held_out, '2>', \$held_err);
+ok(wait_for('the lock holder', 30, sub {
+	q1($node, q{SELECT count(*) FROM pg_stat_activity WHERE application_name = 't182_holder' AND wait_event = 'PgSleep'}) eq '1' }),
+	'another session holds cust_000002\'s record locked');
+sub signed_to {
+	my ($p, $body) = @_;
+	return $p->request('POST', '/webhooks/stripe', $body, content_type => 'application/json',
+		headers => { 'Stripe-Signature' => webhook_signature($body, time, $secret) });
+}
+my $locked = succeeded(2, id => 'evt_182_locked');
+$r = signed_to($narrow, $locked);
+is($r->{status}, 500, 'a delivery for the locked record: 500 once the lock wait gives up, so Stripe delivers it again');
+like($narrow->log_text, qr/billguard-proxy: a Stripe webhook could not be applied: billing record \w{32} is locked by another session: event evt_182_locked was not applied/,
+	'the proxy\'s log says which record is locked');
+is(answer(signed_to($narrow, succeeded(3, id => 'evt_182_unlocked'))), '200 confirmed',
+	'the connection it used serves the next delivery, for another record');
+q1($node, q{SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 't182_holder'});
+$holder->finish;
+is(answer(signed_to($narrow, $locked)), '200 confirmed', 'the lock released, Stripe\'s retry is applied');
+$narrow->stop;
 
 # ---- grants and configuration ---------------------------------------------------------------
 
