@@ -102,6 +102,13 @@ class Scheduler {
                    " existed already" + next);
     } else if (outcome == "already_issued") {
       Log(LOG, due + " was issued already" + next);
+    } else if (outcome == "passed") {
+      // bill_day or bill_hour_utc moved later took the calendar back a month.
+      Log(WARNING, due +
+                       " is not billed: a later period was issued already, and the scheduler never "
+                       "goes back to a period it passed (billguard.due_periods() lists it if it "
+                       "was missed; bill_period bills it deliberately)" +
+                       next);
     } else {
       Log(WARNING, "billing-scheduler's state does not list " + due +
                        " as issued, yet billing_records held all " + existing +

@@ -34,15 +34,15 @@ sub scheduler_conf {
 }
 
 # Waits for the scheduler's tick logged after byte $offset of the server log
-# (a period billed, found issued, or the inconsistency warning); returns the
-# line, or '' after $timeout seconds.
+# (a period billed, found issued, passed, or the inconsistency warning);
+# returns the line, or '' after $timeout seconds.
 sub wait_for_tick {
 	my ($node, $offset, $timeout) = @_;
 	my $deadline = time + ($timeout // 60);
 	while (time < $deadline) {
 		my $log = substr(slurp_file($node->logfile), $offset // 0);
 		return $1
-		  if $log =~ /(billguard scheduler: (?:billed |\S+ \(due [^)]*\) was issued already|billing-scheduler's state does not list).*)$/m;
+		  if $log =~ /(billguard scheduler: (?:billed |\S+ \(due [^)]*\) (?:was issued already|is not billed)|billing-scheduler's state does not list).*)$/m;
 		sleep 0.05;
 	}
 	diag('no scheduler tick logged within ' . ($timeout // 60) . ' s');
