@@ -91,7 +91,11 @@ class Scheduler {
     const std::string due = period + " (due " + row[4].value_or("") + ")";
     const std::string next = "; next bill at " + row[5].value_or("");
     if (outcome == "busy") {
-      if (!busy_) Log(LOG, "a session is billing " + due + " now; trying again every second");
+      if (!busy_) {
+        Log(LOG, "a session is billing " + due +
+                     " now, or billed a period in a transaction still open; trying again every "
+                     "second");
+      }
       busy_ = true;
       next_tick_ = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), kBusyRetryMs);
       return;

@@ -4082,3 +4082,53 @@ END $$;
 -- As in a fresh install, nothing of the above is granted to PUBLIC (only
 -- what this section creates).
 REVOKE ALL ON FUNCTION billguard.issued_after(text, jsonb, timestamptz) FROM PUBLIC;
+
+-- ==== The scheduler's tick waits for no lock (issue 7) ====
+-- A session that billed a period in a transaction still open holds
+-- billing-scheduler's lock, and the tick of another period waited for it
+-- after its claims: the dispatcher, and all sending of the database, stood
+-- still. The tick now tries that lock as it tries the period's, and answers
+-- 'busy' (see sql/install/57_scheduler.sql).
+CREATE OR REPLACE FUNCTION billguard.scheduler_tick()
+  RETURNS TABLE (billing_period text, outcome text, initiated bigint, existing bigint,
+                 due_at timestamptz, next_due_at timestamptz)
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+#variable_conflict use_column
+DECLARE
+  schedule record;
+  claimed  record;
+  issued   jsonb;
+BEGIN
+  -- A failover must not lose a tick whose claims it replicated.
+  PERFORM set_config('synchronous_commit', 'on', true);
+  SELECT * INTO schedule FROM billguard.current_schedule();
+  billing_period := schedule.due_period;
+  due_at := schedule.due_at;
+  next_due_at := schedule.next_due_at;
+  initiated := 0;
+  existing := 0;
+  -- bill_period takes the same locks: the check and the claim are one step.
+  -- The dispatcher waits for no lock: a session's open transaction must not
+  -- halt all sending of this database.
+  IF NOT pg_try_advisory_xact_lock(billguard.period_lock_class(), hashtext(schedule.due_period))
+     OR NOT pg_try_advisory_xact_lock(billguard.scheduler_lock_class(), 0) THEN
+    outcome := 'busy';
+    RETURN NEXT;
+    RETURN;
+  END IF;
+  issued := billguard.entity_state('billing-scheduler') -> 'issued_periods';
+  IF issued ? schedule.due_period THEN
+    outcome := 'already_issued';
+  ELSIF billguard.issued_after(schedule.due_period, issued,
+                               (SELECT s.now FROM billguard.scheduler_settings() s)) IS NOT NULL THEN
+    outcome := 'passed';
+  ELSE
+    SELECT * INTO claimed FROM billguard.claim_period(schedule.due_period);
+    initiated := claimed.initiated;
+    existing := claimed.already_completed + claimed.in_progress + claimed.failed + claimed.cancelled;
+    outcome := CASE WHEN initiated = 0 AND existing > 0 THEN 'already_billed' ELSE 'billed' END;
+  END IF;
+  RETURN NEXT;
+END $$;

@@ -88,8 +88,10 @@ CREATE FUNCTION billguard.issued_after(due_period text, issued jsonb, at timesta
 --                   held every record it would claim (a stale or older
 --                   snapshot; or bill_customer for every account): nothing
 --                   was claimed, and the worker logs the inconsistency
---   busy            a session bills this period right now; the worker tries
---                   again shortly rather than wait for its lock
+--   busy            a session bills this period right now, or has billed a
+--                   period in a transaction still open (it holds the
+--                   period's lock or billing-scheduler's); the worker tries
+--                   again shortly rather than wait for either lock
 --   passed          a later period, whose month has ended, was issued
 --                   already: bill_day or bill_hour_utc moved later took the
 --                   calendar back to a period the scheduler had passed.
@@ -115,8 +117,11 @@ BEGIN
   next_due_at := schedule.next_due_at;
   initiated := 0;
   existing := 0;
-  -- bill_period takes the same lock: the check and the claim are one step.
-  IF NOT pg_try_advisory_xact_lock(billguard.period_lock_class(), hashtext(schedule.due_period)) THEN
+  -- bill_period takes the same locks: the check and the claim are one step.
+  -- The dispatcher waits for no lock: a session's open transaction must not
+  -- halt all sending of this database.
+  IF NOT pg_try_advisory_xact_lock(billguard.period_lock_class(), hashtext(schedule.due_period))
+     OR NOT pg_try_advisory_xact_lock(billguard.scheduler_lock_class(), 0) THEN
     outcome := 'busy';
     RETURN NEXT;
     RETURN;
