@@ -91,7 +91,11 @@ class Scheduler {
     const std::string due = period + " (due " + row[4].value_or("") + ")";
     const std::string next = "; next bill at " + row[5].value_or("");
     if (outcome == "busy") {
-      if (!busy_) Log(LOG, "a session is billing " + due + " now; trying again every second");
+      if (!busy_) {
+        Log(LOG, "a session is billing " + due +
+                     " now, or billed a period in a transaction still open; trying again every "
+                     "second");
+      }
       busy_ = true;
       next_tick_ = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), kBusyRetryMs);
       return;
@@ -102,6 +106,13 @@ class Scheduler {
                    " existed already" + next);
     } else if (outcome == "already_issued") {
       Log(LOG, due + " was issued already" + next);
+    } else if (outcome == "passed") {
+      // bill_day or bill_hour_utc moved later took the calendar back a month.
+      Log(WARNING, due +
+                       " is not billed: a later period was issued already, and the scheduler never "
+                       "goes back to a period it passed (billguard.due_periods() lists it if it "
+                       "was missed; bill_period bills it deliberately)" +
+                       next);
     } else {
       Log(WARNING, "billing-scheduler's state does not list " + due +
                        " as issued, yet billing_records held all " + existing +

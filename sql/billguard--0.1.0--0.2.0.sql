@@ -4133,3 +4133,192 @@ BEGIN
   END IF;
   RETURN billguard.apply_stripe_event(rec, event);
 END $$;
+
+-- ==== The scheduler never goes back to a period it passed (issue 7) ====
+-- bill_day or bill_hour_utc moved later takes the calendar's due period back
+-- a month; the tick billed that older period, never issued, as if it were
+-- due. It now answers 'passed' while a later period whose month has ended
+-- is issued (issued_after()), due_periods() no longer schedules it,
+-- never_issued() starts at the first period issued, and scheduler_state()
+-- counts such a period as missed (see sql/install/57_scheduler.sql).
+CREATE FUNCTION billguard.issued_after(due_period text, issued jsonb, at timestamptz)
+  RETURNS text
+  LANGUAGE sql STABLE
+  SET search_path = pg_catalog, pg_temp
+  RETURN (SELECT max(i.period COLLATE "C")
+            FROM jsonb_array_elements_text(coalesce(issued, '[]'::jsonb)) AS i(period)
+           WHERE i.period COLLATE "C" > due_period
+             AND i.period COLLATE "C" < to_char(at AT TIME ZONE 'UTC', 'YYYY-MM'));
+
+CREATE OR REPLACE FUNCTION billguard.scheduler_tick()
+  RETURNS TABLE (billing_period text, outcome text, initiated bigint, existing bigint,
+                 due_at timestamptz, next_due_at timestamptz)
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+#variable_conflict use_column
+DECLARE
+  schedule record;
+  claimed  record;
+  issued   jsonb;
+BEGIN
+  -- A failover must not lose a tick whose claims it replicated.
+  PERFORM set_config('synchronous_commit', 'on', true);
+  SELECT * INTO schedule FROM billguard.current_schedule();
+  billing_period := schedule.due_period;
+  due_at := schedule.due_at;
+  next_due_at := schedule.next_due_at;
+  initiated := 0;
+  existing := 0;
+  -- bill_period takes the same lock: the check and the claim are one step.
+  IF NOT pg_try_advisory_xact_lock(billguard.period_lock_class(), hashtext(schedule.due_period)) THEN
+    outcome := 'busy';
+    RETURN NEXT;
+    RETURN;
+  END IF;
+  issued := billguard.entity_state('billing-scheduler') -> 'issued_periods';
+  IF issued ? schedule.due_period THEN
+    outcome := 'already_issued';
+  ELSIF billguard.issued_after(schedule.due_period, issued,
+                               (SELECT s.now FROM billguard.scheduler_settings() s)) IS NOT NULL THEN
+    outcome := 'passed';
+  ELSE
+    SELECT * INTO claimed FROM billguard.claim_period(schedule.due_period);
+    initiated := claimed.initiated;
+    existing := claimed.already_completed + claimed.in_progress + claimed.failed + claimed.cancelled;
+    outcome := CASE WHEN initiated = 0 AND existing > 0 THEN 'already_billed' ELSE 'billed' END;
+  END IF;
+  RETURN NEXT;
+END $$;
+
+CREATE OR REPLACE FUNCTION billguard.never_issued(due_period text, issued jsonb)
+  RETURNS text[]
+  LANGUAGE sql STABLE
+  SET search_path = pg_catalog, pg_temp
+  RETURN (SELECT coalesce(array_agg(to_char(m, 'YYYY-MM') ORDER BY m), '{}')
+            FROM generate_series(
+                   to_date(coalesce((SELECT min(i.p) FROM jsonb_array_elements_text(issued) AS i(p)),
+                                    due_period),
+                           'YYYY-MM'),
+                   to_date(due_period, 'YYYY-MM'), interval '1 month') AS m
+           WHERE NOT issued ? to_char(m, 'YYYY-MM'));
+
+CREATE OR REPLACE FUNCTION billguard.due_periods()
+  RETURNS TABLE (billing_period text, due_at timestamptz, records bigint, scheduled boolean)
+  LANGUAGE plpgsql STABLE SECURITY DEFINER
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+#variable_conflict use_column
+DECLARE
+  schedule record;
+  issued   jsonb;
+  missed   text[];
+BEGIN
+  SELECT * INTO schedule FROM billguard.current_schedule();
+  issued := coalesce(billguard.entity_state('billing-scheduler') -> 'issued_periods', '[]'::jsonb);
+  missed := billguard.never_issued(schedule.due_period, issued);
+  IF cardinality(missed) = 0 THEN
+    RETURN;    -- no reason to read billing_records
+  END IF;
+  RETURN QUERY
+    SELECT p.period,
+           billguard.bill_instant(p.period, schedule.bill_day, schedule.bill_hour_utc),
+           coalesce(r.records, 0),
+           p.period = schedule.due_period AND schedule.auto_bill = 'monthly'
+             AND billguard.issued_after(p.period, issued,
+                                        (SELECT s.now FROM billguard.scheduler_settings() s)) IS NULL
+      FROM unnest(missed) AS p(period)
+      LEFT JOIN (SELECT br.billing_period, count(*) AS records
+                   FROM billguard.billing_records br
+                  WHERE br.billing_period = ANY (missed)
+                  GROUP BY br.billing_period) r ON r.billing_period = p.period
+     ORDER BY p.period;
+END $$;
+COMMENT ON FUNCTION billguard.due_periods() IS
+  'Due periods never issued; the scheduler bills only the most recent (scheduled), the rest only bill_period does.';
+
+CREATE OR REPLACE FUNCTION billguard.scheduler_state(
+    OUT enabled boolean, OUT bill_day integer, OUT bill_hour_utc integer,
+    OUT next_bill_at timestamptz, OUT last_period_issued text,
+    OUT last_period_issued_at timestamptz, OUT missed_periods bigint)
+  LANGUAGE plpgsql STABLE SECURITY DEFINER
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+DECLARE
+  schedule record;
+  state    jsonb := billguard.entity_state('billing-scheduler');
+  -- The tick would bill the most recent due period (see scheduler_tick()).
+  scheduled boolean;
+BEGIN
+  SELECT * INTO schedule FROM billguard.current_schedule();
+  enabled := schedule.auto_bill = 'monthly';
+  bill_day := schedule.bill_day;
+  bill_hour_utc := schedule.bill_hour_utc;
+  scheduled := enabled AND NOT (state -> 'issued_periods') ? schedule.due_period
+               AND billguard.issued_after(schedule.due_period, state -> 'issued_periods',
+                                          (SELECT s.now FROM billguard.scheduler_settings() s)) IS NULL;
+  next_bill_at := CASE WHEN NOT enabled THEN NULL
+                       WHEN scheduled THEN schedule.due_at
+                       ELSE schedule.next_due_at END;
+  last_period_issued := state ->> 'last_issued_period';
+  last_period_issued_at := (state ->> 'last_issued_at')::timestamptz;
+  -- Without reading billing_records: the view may be polled.
+  missed_periods := cardinality(array_remove(
+    billguard.never_issued(schedule.due_period,
+                           coalesce(state -> 'issued_periods', '[]'::jsonb)),
+    CASE WHEN scheduled THEN schedule.due_period END));
+END $$;
+
+-- As in a fresh install, nothing of the above is granted to PUBLIC (only
+-- what this section creates).
+REVOKE ALL ON FUNCTION billguard.issued_after(text, jsonb, timestamptz) FROM PUBLIC;
+
+-- ==== The scheduler's tick waits for no lock (issue 7) ====
+-- A session that billed a period in a transaction still open holds
+-- billing-scheduler's lock, and the tick of another period waited for it
+-- after its claims: the dispatcher, and all sending of the database, stood
+-- still. The tick now tries that lock as it tries the period's, and answers
+-- 'busy' (see sql/install/57_scheduler.sql).
+CREATE OR REPLACE FUNCTION billguard.scheduler_tick()
+  RETURNS TABLE (billing_period text, outcome text, initiated bigint, existing bigint,
+                 due_at timestamptz, next_due_at timestamptz)
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+#variable_conflict use_column
+DECLARE
+  schedule record;
+  claimed  record;
+  issued   jsonb;
+BEGIN
+  -- A failover must not lose a tick whose claims it replicated.
+  PERFORM set_config('synchronous_commit', 'on', true);
+  SELECT * INTO schedule FROM billguard.current_schedule();
+  billing_period := schedule.due_period;
+  due_at := schedule.due_at;
+  next_due_at := schedule.next_due_at;
+  initiated := 0;
+  existing := 0;
+  -- bill_period takes the same locks: the check and the claim are one step.
+  -- The dispatcher waits for no lock: a session's open transaction must not
+  -- halt all sending of this database.
+  IF NOT pg_try_advisory_xact_lock(billguard.period_lock_class(), hashtext(schedule.due_period))
+     OR NOT pg_try_advisory_xact_lock(billguard.scheduler_lock_class(), 0) THEN
+    outcome := 'busy';
+    RETURN NEXT;
+    RETURN;
+  END IF;
+  issued := billguard.entity_state('billing-scheduler') -> 'issued_periods';
+  IF issued ? schedule.due_period THEN
+    outcome := 'already_issued';
+  ELSIF billguard.issued_after(schedule.due_period, issued,
+                               (SELECT s.now FROM billguard.scheduler_settings() s)) IS NOT NULL THEN
+    outcome := 'passed';
+  ELSE
+    SELECT * INTO claimed FROM billguard.claim_period(schedule.due_period);
+    initiated := claimed.initiated;
+    existing := claimed.already_completed + claimed.in_progress + claimed.failed + claimed.cancelled;
+    outcome := CASE WHEN initiated = 0 AND existing > 0 THEN 'already_billed' ELSE 'billed' END;
+  END IF;
+  RETURN NEXT;
+END $$;

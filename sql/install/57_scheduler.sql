@@ -65,6 +65,21 @@ CREATE FUNCTION billguard.current_schedule(OUT auto_bill text, OUT bill_day inte
            LATERAL billguard.scheduler_calendar(s.now, s.bill_day, s.bill_hour_utc) c;
   END;
 
+-- The latest period after due_period that was issued already and whose
+-- month had ended at `at`, or NULL. The scheduler never goes back behind
+-- one: moving bill_day or bill_hour_utc later can take the calendar's due
+-- period back a month, to one the scheduler had passed. A period issued
+-- before its month ended (billed in advance, or a mistyped year) does not
+-- count: it keeps no due period from being billed.
+CREATE FUNCTION billguard.issued_after(due_period text, issued jsonb, at timestamptz)
+  RETURNS text
+  LANGUAGE sql STABLE
+  SET search_path = pg_catalog, pg_temp
+  RETURN (SELECT max(i.period COLLATE "C")
+            FROM jsonb_array_elements_text(coalesce(issued, '[]'::jsonb)) AS i(period)
+           WHERE i.period COLLATE "C" > due_period
+             AND i.period COLLATE "C" < to_char(at AT TIME ZONE 'UTC', 'YYYY-MM'));
+
 -- One tick of the scheduler, in the dispatcher's transaction: bills the most
 -- recent due period unless billing-scheduler has issued it. outcome:
 --   billed          bill_period claimed the accounts without a record
@@ -73,8 +88,14 @@ CREATE FUNCTION billguard.current_schedule(OUT auto_bill text, OUT bill_day inte
 --                   held every record it would claim (a stale or older
 --                   snapshot; or bill_customer for every account): nothing
 --                   was claimed, and the worker logs the inconsistency
---   busy            a session bills this period right now; the worker tries
---                   again shortly rather than wait for its lock
+--   busy            a session bills this period right now, or has billed a
+--                   period in a transaction still open (it holds the
+--                   period's lock or billing-scheduler's); the worker tries
+--                   again shortly rather than wait for either lock
+--   passed          a later period, whose month has ended, was issued
+--                   already: bill_day or bill_hour_utc moved later took the
+--                   calendar back to a period the scheduler had passed.
+--                   Nothing: billing it is a person's decision (due_periods)
 -- existing counts the period's records from before this tick.
 CREATE FUNCTION billguard.scheduler_tick()
   RETURNS TABLE (billing_period text, outcome text, initiated bigint, existing bigint,
@@ -86,6 +107,7 @@ CREATE FUNCTION billguard.scheduler_tick()
 DECLARE
   schedule record;
   claimed  record;
+  issued   jsonb;
 BEGIN
   -- A failover must not lose a tick whose claims it replicated.
   PERFORM set_config('synchronous_commit', 'on', true);
@@ -95,11 +117,21 @@ BEGIN
   next_due_at := schedule.next_due_at;
   initiated := 0;
   existing := 0;
-  -- bill_period takes the same lock: the check and the claim are one step.
-  IF NOT pg_try_advisory_xact_lock(billguard.period_lock_class(), hashtext(schedule.due_period)) THEN
+  -- bill_period takes the same locks: the check and the claim are one step.
+  -- The dispatcher waits for no lock: a session's open transaction must not
+  -- halt all sending of this database.
+  IF NOT pg_try_advisory_xact_lock(billguard.period_lock_class(), hashtext(schedule.due_period))
+     OR NOT pg_try_advisory_xact_lock(billguard.scheduler_lock_class(), 0) THEN
     outcome := 'busy';
-  ELSIF (billguard.entity_state('billing-scheduler') -> 'issued_periods') ? schedule.due_period THEN
+    RETURN NEXT;
+    RETURN;
+  END IF;
+  issued := billguard.entity_state('billing-scheduler') -> 'issued_periods';
+  IF issued ? schedule.due_period THEN
     outcome := 'already_issued';
+  ELSIF billguard.issued_after(schedule.due_period, issued,
+                               (SELECT s.now FROM billguard.scheduler_settings() s)) IS NOT NULL THEN
+    outcome := 'passed';
   ELSE
     SELECT * INTO claimed FROM billguard.claim_period(schedule.due_period);
     initiated := claimed.initiated;
@@ -111,23 +143,25 @@ END $$;
 
 -- The due periods never issued, oldest first: every period from the first
 -- one issued (or, with none, due_period) up to due_period, the most recent
--- one due.
+-- one due; none when the first one issued is later than due_period (the
+-- calendar went back behind it, see issued_after()).
 CREATE FUNCTION billguard.never_issued(due_period text, issued jsonb)
   RETURNS text[]
   LANGUAGE sql STABLE
   SET search_path = pg_catalog, pg_temp
   RETURN (SELECT coalesce(array_agg(to_char(m, 'YYYY-MM') ORDER BY m), '{}')
             FROM generate_series(
-                   to_date(least(due_period,
-                                 (SELECT min(i.p) FROM jsonb_array_elements_text(issued) AS i(p))),
+                   to_date(coalesce((SELECT min(i.p) FROM jsonb_array_elements_text(issued) AS i(p)),
+                                    due_period),
                            'YYYY-MM'),
                    to_date(due_period, 'YYYY-MM'), interval '1 month') AS m
            WHERE NOT issued ? to_char(m, 'YYYY-MM'));
 
 -- The due periods never issued, with the instant each became due. scheduled:
 -- the scheduler bills it by itself (the most recent, with auto_bill =
--- monthly); it never bills the others: bill each deliberately with
--- bill_period. records counts what bill_customer claimed of it already.
+-- monthly, unless a later period was issued: see issued_after()); it never
+-- bills the others: bill each deliberately with bill_period. records counts
+-- what bill_customer claimed of it already.
 CREATE FUNCTION billguard.due_periods()
   RETURNS TABLE (billing_period text, due_at timestamptz, records bigint, scheduled boolean)
   LANGUAGE plpgsql STABLE SECURITY DEFINER
@@ -136,11 +170,12 @@ CREATE FUNCTION billguard.due_periods()
 #variable_conflict use_column
 DECLARE
   schedule record;
+  issued   jsonb;
   missed   text[];
 BEGIN
   SELECT * INTO schedule FROM billguard.current_schedule();
-  missed := billguard.never_issued(schedule.due_period,
-              coalesce(billguard.entity_state('billing-scheduler') -> 'issued_periods', '[]'::jsonb));
+  issued := coalesce(billguard.entity_state('billing-scheduler') -> 'issued_periods', '[]'::jsonb);
+  missed := billguard.never_issued(schedule.due_period, issued);
   IF cardinality(missed) = 0 THEN
     RETURN;    -- no reason to read billing_records
   END IF;
@@ -149,6 +184,8 @@ BEGIN
            billguard.bill_instant(p.period, schedule.bill_day, schedule.bill_hour_utc),
            coalesce(r.records, 0),
            p.period = schedule.due_period AND schedule.auto_bill = 'monthly'
+             AND billguard.issued_after(p.period, issued,
+                                        (SELECT s.now FROM billguard.scheduler_settings() s)) IS NULL
       FROM unnest(missed) AS p(period)
       LEFT JOIN (SELECT br.billing_period, count(*) AS records
                    FROM billguard.billing_records br
@@ -173,21 +210,26 @@ CREATE FUNCTION billguard.scheduler_state(
 DECLARE
   schedule record;
   state    jsonb := billguard.entity_state('billing-scheduler');
+  -- The tick would bill the most recent due period (see scheduler_tick()).
+  scheduled boolean;
 BEGIN
   SELECT * INTO schedule FROM billguard.current_schedule();
   enabled := schedule.auto_bill = 'monthly';
   bill_day := schedule.bill_day;
   bill_hour_utc := schedule.bill_hour_utc;
+  scheduled := enabled AND NOT (state -> 'issued_periods') ? schedule.due_period
+               AND billguard.issued_after(schedule.due_period, state -> 'issued_periods',
+                                          (SELECT s.now FROM billguard.scheduler_settings() s)) IS NULL;
   next_bill_at := CASE WHEN NOT enabled THEN NULL
-                       WHEN (state -> 'issued_periods') ? schedule.due_period THEN schedule.next_due_at
-                       ELSE schedule.due_at END;
+                       WHEN scheduled THEN schedule.due_at
+                       ELSE schedule.next_due_at END;
   last_period_issued := state ->> 'last_issued_period';
   last_period_issued_at := (state ->> 'last_issued_at')::timestamptz;
   -- Without reading billing_records: the view may be polled.
   missed_periods := cardinality(array_remove(
     billguard.never_issued(schedule.due_period,
                            coalesce(state -> 'issued_periods', '[]'::jsonb)),
-    CASE WHEN enabled THEN schedule.due_period END));
+    CASE WHEN scheduled THEN schedule.due_period END));
 END $$;
 
 CREATE VIEW billguard.scheduler_status AS

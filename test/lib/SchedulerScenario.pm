@@ -13,7 +13,7 @@ use Exporter 'import';
 use BillguardTest qw(charges_by_key wait_until_settled);
 
 our @EXPORT = qw(set_scheduler scheduler_conf wait_for_tick ticks_issued records_of charged_once_each
-  billed_once billguard_processes hold_scheduler_lock release_scheduler_lock waits_for_scheduler_lock);
+  billed_once billguard_processes hold_scheduler_event release_scheduler_event waits_for_scheduler_event);
 
 # Appends billguard.<name> = '<value>' lines to postgresql.conf (a later line
 # wins) and reloads the node: set_scheduler($node, auto_bill => 'monthly',
@@ -34,15 +34,15 @@ sub scheduler_conf {
 }
 
 # Waits for the scheduler's tick logged after byte $offset of the server log
-# (a period billed, found issued, or the inconsistency warning); returns the
-# line, or '' after $timeout seconds.
+# (a period billed, found issued, passed, or the inconsistency warning);
+# returns the line, or '' after $timeout seconds.
 sub wait_for_tick {
 	my ($node, $offset, $timeout) = @_;
 	my $deadline = time + ($timeout // 60);
 	while (time < $deadline) {
 		my $log = substr(slurp_file($node->logfile), $offset // 0);
 		return $1
-		  if $log =~ /(billguard scheduler: (?:billed |\S+ \(due [^)]*\) was issued already|billing-scheduler's state does not list).*)$/m;
+		  if $log =~ /(billguard scheduler: (?:billed |\S+ \(due [^)]*\) (?:was issued already|is not billed)|billing-scheduler's state does not list).*)$/m;
 		sleep 0.05;
 	}
 	diag('no scheduler tick logged within ' . ($timeout // 60) . ' s');
@@ -84,40 +84,45 @@ sub charged_once_each {
 	return (join("\n", @wrong), scalar @records);
 }
 
-# A session holding billing-scheduler's advisory lock, which bill_period
-# takes after its claims and before its commit: a tick or a bill_period
-# then waits there, claims made and not committed.
-sub hold_scheduler_lock {
+# A session holding billing-scheduler's next event, inserted and not
+# committed: a tick or a bill_period that has claimed its records (and
+# holds the period's and billing-scheduler's locks) then waits for it when it
+# appends BillingTickIssued, claims made and not committed. (A session
+# holding billing-scheduler's lock itself makes the tick try again later.)
+sub hold_scheduler_event {
 	my ($node) = @_;
 	my %holder;
 	$holder{handle} = IPC::Run::start(
 		[ 'psql', '-XAtq', '-d', $node->connstr('postgres'),
-		  '-c', "SET application_name = 'scheduler_lock_holder'",
-		  '-c', 'SELECT pg_advisory_lock(billguard.scheduler_lock_class(), 0), pg_sleep(600)' ],
+		  '-c', "SET application_name = 'scheduler_event_holder'",
+		  '-c', q{BEGIN; INSERT INTO billguard.journal (persistence_id, seq_nr, event_type, event)
+		          VALUES ('billing-scheduler', billguard.highest_seq_nr('billing-scheduler') + 1,
+		                  'BillingTickIssued', '{}'); SELECT pg_sleep(600)} ],
 		'>', \$holder{out}, '2>', \$holder{err});
 	$node->poll_query_until('postgres', q{
-		SELECT count(*) = 1 FROM pg_locks WHERE locktype = 'advisory' AND granted
-		   AND classid = billguard.scheduler_lock_class() AND objid = 0 AND objsubid = 2})
-	  or die 'the holder did not take the scheduler lock';
+		SELECT count(*) = 1 FROM pg_stat_activity
+		 WHERE application_name = 'scheduler_event_holder' AND backend_xid IS NOT NULL})
+	  or die 'the holder did not insert billing-scheduler\'s next event';
 	return \%holder;
 }
 
-# Ends the holder's session, and with it the lock; $node undef when a crash
-# restart ended it already.
-sub release_scheduler_lock {
+# Ends the holder's session, which rolls its event back; $node undef when a
+# crash restart ended it already.
+sub release_scheduler_event {
 	my ($node, $holder) = @_;
 	$node->safe_psql('postgres', q{SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-		WHERE application_name = 'scheduler_lock_holder'}) if $node;
+		WHERE application_name = 'scheduler_event_holder'}) if $node;
 	$holder->{handle}->finish;
 	return;
 }
 
-# Whether process $pid waits for billing-scheduler's lock.
-sub waits_for_scheduler_lock {
+# Whether process $pid waits for the holder's transaction (its event).
+sub waits_for_scheduler_event {
 	my ($node, $pid) = @_;
 	return $node->poll_query_until('postgres', qq{
-		SELECT count(*) = 1 FROM pg_locks WHERE pid = $pid AND locktype = 'advisory' AND NOT granted
-		   AND classid = billguard.scheduler_lock_class() AND objid = 0});
+		SELECT count(*) = 1 FROM pg_locks w JOIN pg_locks h ON h.transactionid = w.transactionid AND h.granted
+		  JOIN pg_stat_activity a ON a.pid = h.pid AND a.application_name = 'scheduler_event_holder'
+		 WHERE w.pid = $pid AND w.locktype = 'transactionid' AND NOT w.granted});
 }
 
 # Asserts that $period was billed once: one BillingTickIssued, one record

@@ -10,13 +10,15 @@
 -- recent due period once (one BillingTickIssued), then answers
 -- already_issued however often it runs, keeps what bill_customer claimed
 -- earlier, and never bills a period whose records all exist when a stale
--- snapshot lost its tick (already_billed, nothing claimed); due_periods()
+-- snapshot lost its tick (already_billed, nothing claimed), nor goes back to
+-- a period older than one issued after its month ended (issued_after(): a
+-- period billed in advance does not count); due_periods()
 -- lists the due periods never issued, oldest first, from the first issued
 -- one, and a deliberate bill_period takes one off the list;
 -- scheduler_status shows the last period issued, and no next instant while
 -- auto_bill is off.
 BEGIN;
-SELECT plan(41);
+SELECT plan(44);
 
 UPDATE billguard.accounts SET active = false WHERE customer_id NOT LIKE 't25\_%';
 INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency)
@@ -163,6 +165,12 @@ SELECT is((SELECT count(*) FROM billguard.billing_records WHERE billing_period =
           'the tick did not bill the older missed period 2035-03');
 SELECT results_eq($$SELECT billing_period FROM billguard.due_periods()$$, $$VALUES ('2035-03'::text)$$,
                   'due_periods: only 2035-03 is left');
+SELECT is(billguard.issued_after('2035-03', '["2035-01", "2035-04", "2035-05"]', '2035-06-01 00:00:00+00'),
+          '2035-05', 'issued_after: 2035-05, issued after its month ended, passed 2035-03');
+SELECT is(billguard.issued_after('2035-05', '["2035-06", "2036-01"]', '2035-06-15 00:00:00+00'), NULL::text,
+          'issued_after: a period billed in advance, or a mistyped year, passes nothing');
+SELECT is(billguard.issued_after('2035-05', '["2035-04"]', '2035-06-15 00:00:00+00'), NULL::text,
+          'issued_after: an earlier period passes nothing');
 SET LOCAL billguard.scheduler_now = '2035-06-15 00:00:00+00';
 SELECT is((SELECT last_period_issued FROM billguard.scheduler_status), '2035-05',
           'scheduler_status: the last period issued is 2035-05');

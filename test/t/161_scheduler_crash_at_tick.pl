@@ -2,8 +2,9 @@
 # started again by the crash restart: the period is billed once.
 #
 #   in the tick   the tick has claimed every account and waits, before its
-#                 commit, for the scheduler entity's lock (a test session
-#                 holds it); kill -9: nothing of the tick was committed, and
+#                 commit, to append its BillingTickIssued (a test session
+#                 holds billing-scheduler's next event, not committed);
+#                 kill -9: nothing of the tick was committed, and
 #                 the next dispatcher bills the period at its start
 #   after it      kill -9 as soon as the tick has committed: the next
 #                 dispatcher finds the period issued and sends the records
@@ -26,14 +27,14 @@ add_accounts($node, $accounts);
 
 # ---- in the tick ----------------------------------------------------------------------
 
-my $holder = hold_scheduler_lock($node);
+my $holder = hold_scheduler_event($node);
 my $dispatcher = dispatcher_pid($node);
 my $offset = set_scheduler($node, auto_bill => 'monthly', scheduler_now => '2031-03-01 00:00:00+00');
-ok(waits_for_scheduler_lock($node, $dispatcher),
-	'in the tick: the dispatcher has claimed 2031-02 and waits for the scheduler lock before committing');
+ok(waits_for_scheduler_event($node, $dispatcher),
+	'in the tick: the dispatcher has claimed 2031-02 and waits to append its tick before committing');
 is(records_of($node, '2031-02'), '0', 'in the tick: its claims are not committed');
 kill('KILL', $dispatcher) or die "kill -9 $dispatcher: $!";
-release_scheduler_lock(undef, $holder);    # the crash restart ended its session
+release_scheduler_event(undef, $holder);    # the crash restart ended its session
 ok(wait_for_new_dispatcher($node, $dispatcher, 60), 'in the tick: a new dispatcher runs after the crash restart');
 like(wait_for_tick($node, $offset), qr/billed 2031-02 \(due 2031-03-01 00:00 UTC\): $accounts records claimed, 0 existed already/,
 	'in the tick: the new dispatcher bills 2031-02 at its start');

@@ -2,15 +2,16 @@
 # billed once, whichever gets there first.
 #
 #   tick first     the tick has claimed 2031-05 and waits, before its commit,
-#                  for the scheduler entity's lock (a test session holds
-#                  it); four sessions call bill_period('2031-05') and wait
-#                  for the period's lock; the lock is released: the tick
-#                  commits its claims, the four claim nothing
+#                  to append its BillingTickIssued (a test session holds
+#                  billing-scheduler's next event, not committed); four
+#                  sessions call bill_period('2031-05') and wait for the
+#                  period's lock; the event is rolled back: the tick commits
+#                  its claims, the four claim nothing
 #   manual first   a session's bill_period('2031-06') has claimed and waits
-#                  for the scheduler entity's lock; the tick of 2031-07-01
-#                  finds the period's lock taken and, rather than wait, tries
-#                  again; the lock is released: the session commits, and the
-#                  tick finds 2031-06 issued
+#                  the same way; the tick of 2031-07-01 finds the period's
+#                  lock taken and, rather than wait, tries again; the event
+#                  is rolled back: the session commits, and the tick finds
+#                  2031-06 issued
 #
 # Each time: one BillingTickIssued, one record per account, as many records
 # initiated in all as accounts, one succeeded charge per key at the
@@ -41,13 +42,13 @@ sub waiting_for_period_lock {
 
 # ---- tick first -----------------------------------------------------------------------
 
-my $holder = hold_scheduler_lock($node);
+my $holder = hold_scheduler_event($node);
 my $dispatcher = dispatcher_pid($node);
 $offset = set_scheduler($node, scheduler_now => '2031-06-01 00:00:00+00');
-ok(waits_for_scheduler_lock($node, $dispatcher), 'tick first: the tick has claimed 2031-05 and waits to commit');
+ok(waits_for_scheduler_event($node, $dispatcher), 'tick first: the tick has claimed 2031-05 and waits to commit');
 my @racers = map { race_psql($node, "SELECT initiated FROM billguard.bill_period('2031-05')") } 1 .. 4;
 ok(waiting_for_period_lock('2031-05', 4), 'tick first: four bill_period sessions wait for the period');
-release_scheduler_lock($node, $holder);
+release_scheduler_event($node, $holder);
 finish_race(@racers);
 is(join(',', map { $_->{exit} } @racers), '0,0,0,0', 'tick first: every bill_period succeeds');
 is(join(',', map { $_->{out} =~ s/\s+//gr } @racers), '0,0,0,0', 'tick first: and claims nothing');
@@ -57,12 +58,11 @@ billed_once($node, $emulator, 'tick first', '2031-05', $accounts);
 
 # ---- manual first -------------------------------------------------------------------------
 
-$holder = hold_scheduler_lock($node);
+$holder = hold_scheduler_event($node);
 my ($manual) = race_psql($node, "SELECT initiated FROM billguard.bill_period('2031-06')");
 ok($node->poll_query_until('postgres', q{
 	SELECT count(*) = 1 FROM pg_locks l JOIN pg_stat_activity a USING (pid)
-	 WHERE a.query LIKE '%bill_period(''2031-06'')%' AND l.locktype = 'advisory' AND NOT l.granted
-	   AND l.classid = billguard.scheduler_lock_class()}),
+	 WHERE a.query LIKE '%bill_period(''2031-06'')%' AND l.locktype = 'transactionid' AND NOT l.granted}),
 	'manual first: bill_period has claimed 2031-06 and waits to commit');
 $offset = set_scheduler($node, scheduler_now => '2031-07-01 00:00:00+00');
 ok(wait_for('the tick to find the period busy', 30, sub {
@@ -70,7 +70,7 @@ ok(wait_for('the tick to find the period busy', 30, sub {
 	'manual first: the tick finds a session billing 2031-06, and does not wait for it');
 is(q1($node, "SELECT count(*) FROM pg_locks WHERE pid = $dispatcher AND NOT granted"), '0',
 	'manual first: the dispatcher waits for no lock');
-release_scheduler_lock($node, $holder);
+release_scheduler_event($node, $holder);
 finish_race($manual);
 is($manual->{exit}, 0, 'manual first: bill_period succeeds');
 is($manual->{out} =~ s/\s+//gr, $accounts, 'manual first: and claims every account');
