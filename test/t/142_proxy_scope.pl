@@ -7,7 +7,9 @@
 #     it is 409; only the admin raises a cap or reads and revokes keys;
 #   - reads of an allowed endpoint pass and are never counted;
 #   - a malformed Authorization, a body that is not form encoding, an amount
-#     that is not a positive integer, a missing Idempotency-Key, an
+#     that is not a positive integer (or has a leading zero), a parameter
+#     name that is not name[key]... ([amount], amount], amount[], a NUL or a
+#     space in it), a missing Idempotency-Key, an
 #     oversized body, an unknown path: 4xx, Stripe-shaped, nothing forwarded
 #     or counted;
 #   - /metrics passes promtool check metrics, and neither it, nor any
@@ -99,6 +101,19 @@ my %bad = (
 		vault_key => $live->{vault_key}, idempotency_key => 'b6' ],
 	'an amount of zero' => [ 'POST', '/v1/payment_intents', ProxyHarness::charge_body(amount => '0'),
 		vault_key => $live->{vault_key}, idempotency_key => 'b7' ],
+	'an amount with a leading zero' => [ 'POST', '/v1/payment_intents', ProxyHarness::charge_body(amount => '0050'),
+		vault_key => $live->{vault_key}, idempotency_key => 'b14' ],
+	# Names another parser may read as amount, which the cap would not have counted.
+	'an amount named [amount]' => [ 'POST', '/v1/payment_intents', '[amount]=5000&currency=usd',
+		vault_key => $live->{vault_key}, idempotency_key => 'b15' ],
+	'an amount named amount]' => [ 'POST', '/v1/payment_intents', 'amount]=5000&currency=usd',
+		vault_key => $live->{vault_key} ],
+	'an amount as a list' => [ 'POST', '/v1/payment_intents', 'amount%5B%5D=5000&currency=usd',
+		vault_key => $live->{vault_key}, idempotency_key => 'b16' ],
+	'a name with a NUL' => [ 'POST', '/v1/payment_intents', 'amount%00=5000&currency=usd',
+		vault_key => $live->{vault_key}, idempotency_key => 'b17' ],
+	'a name with a space' => [ 'POST', '/v1/payment_intents', 'amount+=5000&currency=usd',
+		vault_key => $live->{vault_key}, idempotency_key => 'b18' ],
 	'two amounts' => [ 'POST', '/v1/payment_intents', 'amount=50&amount=5000&currency=usd',
 		vault_key => $live->{vault_key}, idempotency_key => 'b8' ],
 	'an amount in the query string' => [ 'POST', '/v1/payment_intents?amount=5000', ProxyHarness::charge_body(),
