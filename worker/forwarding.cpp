@@ -34,6 +34,15 @@ void HandleStripeRequest(ProxyContext& context, const httplib::Request& req,
            "vk_test_...)");
     return count();
   }
+  // As Stripe keeps test keys away from live data: a vk_test_ key, issued
+  // while the proxy held a test key, never spends through a live one.
+  if ((credential->compare(0, 8, "vk_live_") == 0) != context.livemode) {
+    Refuse(res, 401, "invalid_request_error", "vault_key_wrong_mode",
+           std::string("a ") + (context.livemode ? "vk_test_" : "vk_live_") +
+               " key cannot be used while the proxy holds a " +
+               (context.livemode ? "live" : "test") + " Stripe key");
+    return count();
+  }
   const std::string idempotency_key = req.get_header_value("Idempotency-Key");
   if (req.has_header("Idempotency-Key") &&
       (idempotency_key.empty() || idempotency_key.size() > 255)) {

@@ -2,7 +2,8 @@
 # proxy's bad-input rules). Against a real proxy, database and emulator:
 #   - a disallowed endpoint is 403 naming the allowed ones; an expired key
 #     401; a revoked key 401 on the very next request; another currency 403;
-#     an unknown key, or the real Stripe key itself, 401; none is forwarded;
+#     an unknown key, the real Stripe key itself, or a vk_test_ key where the
+#     proxy holds a live Stripe key, 401; none is forwarded;
 #   - a key issued again for the period shares its budget; another cap for
 #     it is 409; only the admin raises a cap or reads and revokes keys;
 #   - reads of an allowed endpoint pass and are never counted;
@@ -47,6 +48,11 @@ is(error_of(remember($proxy->charge($StripeEmulatorHarness::DEFAULT_API_KEY, 'sc
 my $expiring = $proxy->issue_key(billing_period => '2026-08', period_usd_cap => 10);
 q1($node, "UPDATE billguard.vault_keys SET expires_at = now() WHERE key_id = '$expiring->{key_id}'");
 is(error_of(remember($proxy->charge($expiring->{vault_key}, 'scope-5'))), '401 vault_key_expired', 'an expired key is 401');
+my $live_proxy = ProxyHarness->start(conninfo => $node->connstr('postgres'), upstream => $emulator,
+	upstream_key => 'sk_live_billguardProxyScope0001');
+my $wrong_mode = remember($live_proxy->charge($key->{vault_key}, 'scope-live'));
+is(error_of($wrong_mode), '401 vault_key_wrong_mode', 'a vk_test_ key through a proxy holding a live Stripe key is 401');
+$live_proxy->stop;
 is($forwarded->(), $before, 'none of them reached the emulator');
 
 is(remember($proxy->charge($key->{vault_key}, 'scope-ok', amount => 300))->{status}, 200,
