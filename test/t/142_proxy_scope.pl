@@ -1,6 +1,7 @@
 # What a vault key may do, and what bad input gets (issue 8, Scope; the
 # proxy's bad-input rules). Against a real proxy, database and emulator:
-#   - a disallowed endpoint is 403 naming the allowed ones; an expired key
+#   - a disallowed endpoint is 403 naming the allowed ones; a POST on an
+#     object (confirm, capture) the key's budget did not create 403; an expired key
 #     401; a revoked key 401 on the very next request; another currency 403;
 #     an unknown key, the real Stripe key itself, or a vk_test_ key where the
 #     proxy holds a live Stripe key, 401; none is forwarded;
@@ -55,8 +56,14 @@ is(error_of($wrong_mode), '401 vault_key_wrong_mode', 'a vk_test_ key through a 
 $live_proxy->stop;
 is($forwarded->(), $before, 'none of them reached the emulator');
 
-is(remember($proxy->charge($key->{vault_key}, 'scope-ok', amount => 300))->{status}, 200,
-	'the key charges within its scope');
+my $ok = remember($proxy->charge($key->{vault_key}, 'scope-ok', amount => 300));
+is($ok->{status}, 200, 'the key charges within its scope');
+my $at_stripe = $forwarded->();
+is(error_of(remember($proxy->request('POST', '/v1/payment_intents/pi_createdElsewhere/confirm',
+	'payment_method=pm_card_visa', vault_key => $key->{vault_key}))), '403 object_not_in_budget',
+	'a POST on an object the budget did not create (confirming a PaymentIntent made with the real key) is 403');
+remember($proxy->request('POST', "/v1/payment_intents/$ok->{json}{id}/cancel", undef, vault_key => $key->{vault_key}));
+is($forwarded->(), $at_stripe + 1, '... and only a POST on one it created reaches Stripe');
 my $again = $proxy->issue_key(billing_period => '2026-08', period_usd_cap => 10);
 is(remember($proxy->request('POST', '/v1/payment_intents', ProxyHarness::charge_body(amount => 700),
 	basic => $again->{vault_key}, idempotency_key => 'scope-again'))->{status}, 200,
