@@ -1,8 +1,6 @@
 // Forwarding Stripe API requests (see forwarding.hpp).
 #include "forwarding.hpp"
 
-#include <nlohmann/json.hpp>
-
 #include <chrono>
 #include <cstdio>
 
@@ -10,31 +8,11 @@
 #include "stripe_errors.hpp"
 #include "sha256.hpp"
 #include "stripe_request_parser.hpp"
+#include "upstream_answer.hpp"
 
 namespace billguard::proxy {
 
 namespace {
-
-// What settling needs of Stripe's answer: the error type of a refusal and
-// the id of a success. A body that is not JSON has neither.
-UpstreamAnswer AnswerOf(const HttpResponse& response) {
-  UpstreamAnswer answer;
-  answer.status = static_cast<int>(response.status);
-  answer.body = response.body;
-  if (!response.request_id.empty()) answer.request_id = response.request_id;
-  const auto json = nlohmann::json::parse(response.body, nullptr, false);
-  if (!json.is_object()) return answer;
-  const auto error = json.find("error");
-  if (error != json.end() && error->is_object() && error->contains("type") &&
-      (*error)["type"].is_string()) {
-    answer.error_type = (*error)["type"].get<std::string>();
-  }
-  if (answer.status >= 200 && answer.status < 300 && json.contains("id") &&
-      json["id"].is_string()) {
-    answer.charge_id = json["id"].get<std::string>();
-  }
-  return answer;
-}
 
 void Refuse(httplib::Response& res, int status, const std::string& type, const std::string& code,
             const std::string& message) {
@@ -54,6 +32,15 @@ void HandleStripeRequest(ProxyContext& context, const httplib::Request& req,
     Refuse(res, 401, "invalid_request_error", "vault_key_required",
            "the spend-cap proxy accepts only vault keys (Authorization: Bearer vk_live_... or "
            "vk_test_...)");
+    return count();
+  }
+  // As Stripe keeps test keys away from live data: a vk_test_ key, issued
+  // while the proxy held a test key, never spends through a live one.
+  if ((credential->compare(0, 8, "vk_live_") == 0) != context.livemode) {
+    Refuse(res, 401, "invalid_request_error", "vault_key_wrong_mode",
+           std::string("a ") + (context.livemode ? "vk_test_" : "vk_live_") +
+               " key cannot be used while the proxy holds a " +
+               (context.livemode ? "live" : "test") + " Stripe key");
     return count();
   }
   const std::string idempotency_key = req.get_header_value("Idempotency-Key");
@@ -112,9 +99,10 @@ void HandleStripeRequest(ProxyContext& context, const httplib::Request& req,
       parsed.method, req.target, req.body, idempotency_key, req.get_header_value("Stripe-Version"));
   context.metrics.ObserveUpstream(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  const UpstreamAnswer answer = ReadUpstreamAnswer(response);
   if (authorization.reserves()) {
     try {
-      context.ledger.Settle(authorization.key_id, idempotency_key, AnswerOf(response));
+      context.ledger.Settle(authorization.key_id, idempotency_key, answer);
     } catch (const std::exception& e) {
       // Stripe's answer is still relayed; the amount stays reserved until a
       // retry with the same Idempotency-Key settles it.
@@ -133,8 +121,9 @@ void HandleStripeRequest(ProxyContext& context, const httplib::Request& req,
     res.set_header("Idempotent-Replayed", response.idempotent_replayed);
   }
   if (!response.should_retry.empty()) res.set_header("Stripe-Should-Retry", response.should_retry);
-  if (!response.request_id.empty()) res.set_header("Request-Id", response.request_id);
-  AnswerJson(res, static_cast<int>(response.status), response.body);
+  if (answer.request_id) res.set_header("Request-Id", *answer.request_id);
+  // The body the ledger keeps, so that a replay answers the same bytes.
+  AnswerJson(res, answer.status, answer.body);
   count();
 }
 

@@ -38,6 +38,32 @@ void CheckFormEncoding(const std::string& text) {
   }
 }
 
+bool IsNameCharacter(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+}
+
+// A parameter name as Stripe's clients write it: a plain name, then any
+// number of [key] or [] suffixes (metadata[order id], expand[]). Anything
+// else is refused: a leading or stray bracket, a space or a NUL is a name
+// another parser may read as a different one (Rack 2 reads "[amount]" and
+// "amount]" as amount), which the cap would then never have counted.
+void CheckParameterName(const std::string& name) {
+  std::size_t i = 0;
+  while (i < name.size() && IsNameCharacter(name[i])) ++i;
+  bool valid = i > 0;
+  while (valid && i < name.size()) {
+    const std::size_t close = name.find(']', i);
+    valid = name[i] == '[' && close != std::string::npos &&
+            name.find('[', i + 1) > close;  // no bracket inside a suffix
+    i = close + 1;
+  }
+  if (!valid) {
+    throw BadRequest(
+        400, "parameter_invalid_encoding",
+        "the body holds a parameter name that is not name[key]...: " + name.substr(0, 40));
+  }
+}
+
 std::vector<std::pair<std::string, std::string>> DecodeForm(const std::string& text) {
   CheckFormEncoding(text);
   std::vector<std::pair<std::string, std::string>> parameters;
@@ -52,7 +78,9 @@ std::vector<std::pair<std::string, std::string>> DecodeForm(const std::string& t
         throw BadRequest(400, "parameter_invalid_encoding",
                          "the body holds a parameter without a name or value");
       }
-      parameters.emplace_back(httplib::detail::decode_url(pair.substr(0, equals), true),
+      std::string name = httplib::detail::decode_url(pair.substr(0, equals), true);
+      CheckParameterName(name);
+      parameters.emplace_back(std::move(name),
                               httplib::detail::decode_url(pair.substr(equals + 1), true));
     }
     start = end + 1;
@@ -64,6 +92,12 @@ std::vector<std::pair<std::string, std::string>> DecodeForm(const std::string& t
 std::optional<std::string> Single(const ParsedRequest& r, const std::string& name) {
   std::optional<std::string> found;
   for (const auto& [key, value] : r.parameters) {
+    // amount[] or currency[x]: a list or hash some parser may read as the
+    // scalar it holds.
+    if (key.size() > name.size() && key.compare(0, name.size(), name) == 0 &&
+        key[name.size()] == '[') {
+      throw BadRequest(400, "parameter_invalid_string", name + " must be a single value");
+    }
     if (key != name) continue;
     if (found) throw BadRequest(400, "parameter_duplicated", "Received " + name + " twice.");
     found = value;
@@ -103,8 +137,9 @@ ParsedRequest ParseStripeRequest(const std::string& method, const std::string& t
   r.parameters = DecodeForm(body);
 
   if (const auto amount = Single(r, "amount")) {
+    // One spelling per number: no leading zero, which a parser may read as octal.
     const bool digits =
-        !amount->empty() && amount->size() <= 18 &&
+        !amount->empty() && amount->size() <= 18 && (*amount)[0] != '0' &&
         std::all_of(amount->begin(), amount->end(), [](char c) { return c >= '0' && c <= '9'; });
     if (!digits) {
       throw BadRequest(400, "parameter_invalid_integer",

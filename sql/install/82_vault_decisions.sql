@@ -55,6 +55,7 @@ DECLARE
   reason    text;
   answer    text;
   replay_request_id text;
+  object_id text;      -- of a POST on an object: /v1/payment_intents/<id>/...
 BEGIN
   IF octet_length(vault_authorize.secret_sha256) IS DISTINCT FROM 32 THEN
     RAISE EXCEPTION 'secret_sha256 must be 32 bytes' USING ERRCODE = 'invalid_parameter_value';
@@ -101,6 +102,22 @@ BEGIN
       reason := format('vault key %s may call GET and POST on %s only, not %s %s', k.key_id,
                        array_to_string(k.allowed_endpoints, ', '), vault_authorize.method,
                        vault_authorize.endpoint);
+      EXIT decide;
+    END IF;
+    -- A POST on an object (confirm, capture, update) may move money its
+    -- creation counted: only one this budget created, never an object made
+    -- with the real key or another budget's key, which was never counted here.
+    SELECT split_part(substr(vault_authorize.endpoint, length(e) + 2), '/', 1) INTO object_id
+      FROM unnest(k.allowed_endpoints) e
+     WHERE vault_authorize.method = 'POST' AND starts_with(vault_authorize.endpoint, e || '/')
+     ORDER BY length(e) DESC LIMIT 1;
+    IF object_id IS NOT NULL
+       AND NOT EXISTS (SELECT FROM billguard.vault_reservations r
+                        WHERE (r.vendor, r.billing_period, r.currency) = (k.vendor, k.billing_period, k.currency)
+                          AND r.status = 'settled' AND r.charge_id = object_id) THEN
+      status := 403; code := 'object_not_in_budget';
+      reason := format('vault key %s may POST only on objects the budget of billing_period %s created, not %s',
+                       k.key_id, k.billing_period, object_id);
       EXIT decide;
     END IF;
     IF amount IS NULL THEN

@@ -1,13 +1,17 @@
 # What a vault key may do, and what bad input gets (issue 8, Scope; the
 # proxy's bad-input rules). Against a real proxy, database and emulator:
-#   - a disallowed endpoint is 403 naming the allowed ones; an expired key
+#   - a disallowed endpoint is 403 naming the allowed ones; a POST on an
+#     object (confirm, capture) the key's budget did not create 403; an expired key
 #     401; a revoked key 401 on the very next request; another currency 403;
-#     an unknown key, or the real Stripe key itself, 401; none is forwarded;
+#     an unknown key, the real Stripe key itself, or a vk_test_ key where the
+#     proxy holds a live Stripe key, 401; none is forwarded;
 #   - a key issued again for the period shares its budget; another cap for
 #     it is 409; only the admin raises a cap or reads and revokes keys;
 #   - reads of an allowed endpoint pass and are never counted;
 #   - a malformed Authorization, a body that is not form encoding, an amount
-#     that is not a positive integer, a missing Idempotency-Key, an
+#     that is not a positive integer (or has a leading zero), a parameter
+#     name that is not name[key]... ([amount], amount], amount[], a NUL or a
+#     space in it), a missing Idempotency-Key, an
 #     oversized body, an unknown path: 4xx, Stripe-shaped, nothing forwarded
 #     or counted;
 #   - /metrics passes promtool check metrics, and neither it, nor any
@@ -45,10 +49,21 @@ is(error_of(remember($proxy->charge($StripeEmulatorHarness::DEFAULT_API_KEY, 'sc
 my $expiring = $proxy->issue_key(billing_period => '2026-08', period_usd_cap => 10);
 q1($node, "UPDATE billguard.vault_keys SET expires_at = now() WHERE key_id = '$expiring->{key_id}'");
 is(error_of(remember($proxy->charge($expiring->{vault_key}, 'scope-5'))), '401 vault_key_expired', 'an expired key is 401');
+my $live_proxy = ProxyHarness->start(conninfo => $node->connstr('postgres'), upstream => $emulator,
+	upstream_key => 'sk_live_billguardProxyScope0001');
+my $wrong_mode = remember($live_proxy->charge($key->{vault_key}, 'scope-live'));
+is(error_of($wrong_mode), '401 vault_key_wrong_mode', 'a vk_test_ key through a proxy holding a live Stripe key is 401');
+$live_proxy->stop;
 is($forwarded->(), $before, 'none of them reached the emulator');
 
-is(remember($proxy->charge($key->{vault_key}, 'scope-ok', amount => 300))->{status}, 200,
-	'the key charges within its scope');
+my $ok = remember($proxy->charge($key->{vault_key}, 'scope-ok', amount => 300));
+is($ok->{status}, 200, 'the key charges within its scope');
+my $at_stripe = $forwarded->();
+is(error_of(remember($proxy->request('POST', '/v1/payment_intents/pi_createdElsewhere/confirm',
+	'payment_method=pm_card_visa', vault_key => $key->{vault_key}))), '403 object_not_in_budget',
+	'a POST on an object the budget did not create (confirming a PaymentIntent made with the real key) is 403');
+remember($proxy->request('POST', "/v1/payment_intents/$ok->{json}{id}/cancel", undef, vault_key => $key->{vault_key}));
+is($forwarded->(), $at_stripe + 1, '... and only a POST on one it created reaches Stripe');
 my $again = $proxy->issue_key(billing_period => '2026-08', period_usd_cap => 10);
 is(remember($proxy->request('POST', '/v1/payment_intents', ProxyHarness::charge_body(amount => 700),
 	basic => $again->{vault_key}, idempotency_key => 'scope-again'))->{status}, 200,
@@ -99,6 +114,19 @@ my %bad = (
 		vault_key => $live->{vault_key}, idempotency_key => 'b6' ],
 	'an amount of zero' => [ 'POST', '/v1/payment_intents', ProxyHarness::charge_body(amount => '0'),
 		vault_key => $live->{vault_key}, idempotency_key => 'b7' ],
+	'an amount with a leading zero' => [ 'POST', '/v1/payment_intents', ProxyHarness::charge_body(amount => '0050'),
+		vault_key => $live->{vault_key}, idempotency_key => 'b14' ],
+	# Names another parser may read as amount, which the cap would not have counted.
+	'an amount named [amount]' => [ 'POST', '/v1/payment_intents', '[amount]=5000&currency=usd',
+		vault_key => $live->{vault_key}, idempotency_key => 'b15' ],
+	'an amount named amount]' => [ 'POST', '/v1/payment_intents', 'amount]=5000&currency=usd',
+		vault_key => $live->{vault_key} ],
+	'an amount as a list' => [ 'POST', '/v1/payment_intents', 'amount%5B%5D=5000&currency=usd',
+		vault_key => $live->{vault_key}, idempotency_key => 'b16' ],
+	'a name with a NUL' => [ 'POST', '/v1/payment_intents', 'amount%00=5000&currency=usd',
+		vault_key => $live->{vault_key}, idempotency_key => 'b17' ],
+	'a name with a space' => [ 'POST', '/v1/payment_intents', 'amount+=5000&currency=usd',
+		vault_key => $live->{vault_key}, idempotency_key => 'b18' ],
 	'two amounts' => [ 'POST', '/v1/payment_intents', 'amount=50&amount=5000&currency=usd',
 		vault_key => $live->{vault_key}, idempotency_key => 'b8' ],
 	'an amount in the query string' => [ 'POST', '/v1/payment_intents?amount=5000', ProxyHarness::charge_body(),
