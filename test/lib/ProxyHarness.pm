@@ -54,7 +54,7 @@ sub start {
 	$self->{files}{admin} = secret_file($self->{dir}, 'admin.token', $self->{admin_token});
 	$self->{files}{issuer} = secret_file($self->{dir}, 'issuer.token', $self->{issuer_token});
 	$self->{stderr} //= "$self->{dir}/proxy.log";
-	$self->{http} = HTTP::Tiny->new(timeout => 30, keep_alive => 1);
+	$self->{http} = http_client();
 	$self->launch($o{port} // 0);
 	return $self;
 }
@@ -149,6 +149,8 @@ END {
 
 # Options: vault_key or token (Authorization: Bearer), basic (the key as
 # HTTP basic user), idempotency_key, headers, content_type.
+sub http_client { return HTTP::Tiny->new(timeout => 30, keep_alive => 1) }
+
 sub request {
 	my ($self, $method, $path, $body, %o) = @_;
 	my %headers = %{ $o{headers} // {} };
@@ -162,6 +164,10 @@ sub request {
 		$arguments{content} = $body;
 	}
 	my $response = $self->{http}->request($method, $self->url($path), \%arguments);
+	# The proxy may close a connection after refusing a request (an oversized
+	# header or body it did not read): the next request must not race that
+	# close on the kept-alive connection.
+	$self->{http} = http_client() if ($response->{status} // 0) >= 400;
 	$response->{json} = eval { decode_json($response->{content}) } if length($response->{content} // '');
 	return $response;
 }
