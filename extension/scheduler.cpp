@@ -20,7 +20,8 @@ constexpr const char* kTickSql = R"(
 SELECT t.billing_period, t.outcome, t.initiated, t.existing,
        to_char(t.due_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI "UTC"'),
        to_char(t.next_due_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI "UTC"'),
-       ceil(extract(epoch FROM t.next_due_at - clock_timestamp()) * 1000)::bigint
+       ceil(extract(epoch FROM t.next_due_at - clock_timestamp()) * 1000)::bigint,
+       t.search_first_reason
   FROM billguard.scheduler_tick() t)";
 
 // While a session bills the due period itself, the tick is tried again
@@ -102,8 +103,11 @@ class Scheduler {
     }
     busy_ = false;
     if (outcome == "billed") {
+      // Claimed late: each record is searched for at Stripe before it is sent.
+      const std::string search_first =
+          row[7] ? "; each is searched for at Stripe before any charge is sent: " + *row[7] : "";
       Log(LOG, "billed " + due + ": " + initiated + " records claimed, " + existing +
-                   " existed already" + next);
+                   " existed already" + search_first + next);
     } else if (outcome == "already_issued") {
       Log(LOG, due + " was issued already" + next);
     } else if (outcome == "passed") {

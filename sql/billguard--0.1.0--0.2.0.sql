@@ -4489,3 +4489,234 @@ BEGIN
           reason);
   RETURN QUERY SELECT verdict, status, answer, k.key_id, replay_request_id;
 END $$;
+
+-- ==== The scheduler searches first when it claims late (failure mode 3) ====
+-- A database restored from a backup that lost a period's tick (or a
+-- reinstall with the accounts imported again, or auto_bill switched on for
+-- a period billed elsewhere) ticked for that period long after it became
+-- due; its records were new, so the dispatcher sent them as plain charges
+-- with keys Stripe had pruned, and every customer was charged twice. A tick
+-- more than billguard.idempotency_window after the period became due now
+-- marks each record it claims (billing_records.search_first_reason), and
+-- the dispatcher searches for its charge before sending one, on every claim
+-- (see sql/install/57_scheduler.sql and 70_dispatch_queue.sql).
+ALTER TABLE billguard.billing_records ADD COLUMN search_first_reason text;
+
+-- bill_period's body is bound to claim_period(text): it moves to the new
+-- claim_period before the old one goes.
+ALTER FUNCTION billguard.claim_period(text) RENAME TO claim_period_before_search_first;
+CREATE FUNCTION billguard.claim_period(period text, search_first_reason text DEFAULT NULL)
+  RETURNS TABLE (initiated bigint, already_completed bigint, in_progress bigint, failed bigint,
+                 cancelled bigint)
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  -- The anti-join below reads billing_records while the same statement
+  -- inserts into it; planned as a nested loop over a seq scan (likely while
+  -- the table is new and unanalysed) it would rescan the growing table per
+  -- account. Hash and merge joins keep a large period linear.
+  SET enable_nestloop = off
+  AS $$
+#variable_conflict use_column
+DECLARE
+  ns        text := billguard.key_namespace();
+  scheduler_state jsonb;
+BEGIN
+  PERFORM billguard.check_billing_period(period);
+
+  -- Claims of one period are serialised: bill_period holds the period's
+  -- lock exclusively, bill_customer holds it shared. Once we have it, every
+  -- earlier claim is committed and visible to the next statement, so a plain
+  -- set-based INSERT of the accounts without a record claims each exactly
+  -- once; no per-row speculative insertion, no row-order deadlocks.
+  PERFORM pg_advisory_xact_lock(billguard.period_lock_class(), hashtext(period));
+  BEGIN
+    WITH claimed AS (
+      INSERT INTO billguard.billing_records AS r
+             (customer_id, billing_period, idempotency_key, amount_cents, currency,
+              stripe_customer, payment_method, search_first_reason)
+      SELECT a.customer_id, period, billguard.idempotency_key(a.customer_id, period, ns),
+             a.amount_cents, a.currency, a.stripe_customer, a.payment_method,
+             claim_period.search_first_reason
+        FROM billguard.accounts a
+       WHERE a.active
+         AND NOT EXISTS (SELECT FROM billguard.billing_records e
+                          WHERE e.customer_id = a.customer_id AND e.billing_period = period)
+      RETURNING r.customer_id, r.idempotency_key, r.amount_cents, r.currency, r.created_at
+    ), journaled AS (
+      INSERT INTO billguard.journal (persistence_id, seq_nr, customer_id, event_type, event)
+      SELECT 'billing-' || c.customer_id || '-' || period, 1, c.customer_id, 'BillingInitiated',
+             billguard.billing_initiated_event(c.customer_id, period, c.idempotency_key,
+                                               c.amount_cents, c.currency, c.created_at)
+        FROM claimed c
+      RETURNING 1
+    )
+    SELECT count(*) INTO initiated FROM journaled;
+  EXCEPTION WHEN unique_violation THEN
+    -- Only a REPEATABLE READ / SERIALIZABLE caller whose snapshot predates
+    -- another claim gets here; nothing of this call is kept.
+    RAISE EXCEPTION 'billing records of % were claimed concurrently; retry the transaction', period
+      USING ERRCODE = 'serialization_failure';
+  END;
+
+  -- Every record of the period (others' claims committed before we took the
+  -- lock), whatever its account has become since: period_status's counts.
+  SELECT count(*) FILTER (WHERE r.status = 'completed'),
+         count(*) FILTER (WHERE r.status IN ('pending', 'dispatching', 'unknown', 'needs_review')),
+         count(*) FILTER (WHERE r.status IN ('failed', 'blocked')),
+         count(*) FILTER (WHERE r.status = 'cancelled')
+    INTO already_completed, in_progress, failed, cancelled
+    FROM billguard.billing_records r
+   WHERE r.billing_period = period;
+  in_progress := in_progress - initiated;   -- our own claims are pending too
+
+  -- The first time a period is billed, the scheduler entity records it.
+  -- The advisory lock serialises appends to that one entity.
+  PERFORM pg_advisory_xact_lock(billguard.scheduler_lock_class(), 0);
+  scheduler_state := billguard.entity_state('billing-scheduler');
+  IF NOT (scheduler_state -> 'issued_periods') ? period THEN
+    PERFORM billguard.append_event('billing-scheduler', (scheduler_state ->> 'seq_nr')::bigint,
+                                   'BillingTickIssued',
+                                   jsonb_build_object('billing_period', period,
+                                                      'issued_at', clock_timestamp()));
+  END IF;
+
+  IF initiated > 0 THEN
+    PERFORM billguard.wake_dispatcher();
+  END IF;
+  RETURN NEXT;
+END $$;
+
+CREATE OR REPLACE FUNCTION billguard.bill_period(billing_period text)
+  RETURNS TABLE (billing_period text, initiated bigint, already_completed bigint,
+                 in_progress bigint, failed bigint, cancelled bigint)
+  LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+  BEGIN ATOMIC
+    SELECT bill_period.billing_period, c.initiated, c.already_completed, c.in_progress, c.failed,
+           c.cancelled
+      FROM billguard.claim_period(bill_period.billing_period) c;
+  END;
+DROP FUNCTION billguard.claim_period_before_search_first(text);
+REVOKE ALL ON FUNCTION billguard.claim_period(text, text) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION billguard.claim_due_records(max_rows integer, lease interval,
+                                            idempotency_window interval, endpoint text)
+  RETURNS TABLE (idempotency_key text, attempt integer, action text, customer_id text,
+                 billing_period text, stripe_endpoint text, request_body text,
+                 unknown_cycles integer)
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  SET enable_seqscan = off
+  SET enable_bitmapscan = off
+  SET enable_hashjoin = off
+  SET enable_mergejoin = off
+  AS $$
+#variable_conflict use_column
+BEGIN
+  -- The dispatcher commits its answers asynchronously (a lost answer is
+  -- re-sent with the same key and replayed by Stripe), but a claim is
+  -- flushed before any request leaves.
+  PERFORM set_config('synchronous_commit', 'on', true);
+  RETURN QUERY
+  WITH due AS (
+    SELECT r.idempotency_key, r.status, r.created_at, r.first_dispatched_at,
+           r.search_first_reason
+      FROM billguard.billing_records r
+     WHERE r.next_attempt_at <= now() AND r.status IN ('pending', 'dispatching', 'unknown')
+       AND (r.status <> 'dispatching' OR r.lease_expires_at IS NULL OR r.lease_expires_at <= now())
+     ORDER BY r.next_attempt_at
+     LIMIT max_rows
+       FOR UPDATE SKIP LOCKED
+  ), claimed AS (
+    UPDATE billguard.billing_records r
+       SET status = 'dispatching',
+           attempts = r.attempts + 1,
+           first_dispatched_at = coalesce(r.first_dispatched_at, now()),
+           lease_expires_at = now() + lease,
+           updated_at = now(),
+           stripe_endpoint = coalesce(r.stripe_endpoint, endpoint),
+           request_body = coalesce(r.request_body,
+             billguard.charge_request_body(endpoint, r.idempotency_key, r.customer_id,
+                                           r.billing_period, r.amount_cents, r.currency,
+                                           r.stripe_customer, r.payment_method))
+      FROM due
+     WHERE r.idempotency_key = due.idempotency_key
+    RETURNING r.idempotency_key, r.attempts, r.customer_id, r.billing_period,
+              r.stripe_endpoint, r.request_body, r.unknown_cycles,
+              CASE WHEN due.status = 'unknown'
+                     OR least(due.created_at, due.first_dispatched_at) < now() - idempotency_window
+                     OR due.search_first_reason IS NOT NULL
+                   THEN 'search' ELSE 'charge' END AS action
+  ), journaled AS (
+    INSERT INTO billguard.journal (persistence_id, seq_nr, customer_id, event_type, event)
+    SELECT p.id,
+           coalesce((SELECT max(j.seq_nr) FROM billguard.journal j WHERE j.persistence_id = p.id), 0) + 1,
+           c.customer_id, 'ChargeAttempted',
+           jsonb_build_object('attempt', c.attempts, 'action', c.action,
+                              'idempotency_key', c.idempotency_key, 'at', now())
+      FROM claimed c
+     CROSS JOIN LATERAL (SELECT 'billing-' || c.customer_id || '-' || c.billing_period AS id) p
+  )
+  SELECT c.idempotency_key, c.attempts, c.action, c.customer_id, c.billing_period,
+         c.stripe_endpoint, c.request_body, coalesce(c.unknown_cycles, 0)::integer
+    FROM claimed c;
+END $$;
+
+-- The tick answers search_first_reason too: a new result type.
+DROP FUNCTION billguard.scheduler_tick();
+CREATE FUNCTION billguard.scheduler_tick()
+  RETURNS TABLE (billing_period text, outcome text, initiated bigint, existing bigint,
+                 due_at timestamptz, next_due_at timestamptz, search_first_reason text)
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+#variable_conflict use_column
+DECLARE
+  schedule record;
+  claimed  record;
+  issued   jsonb;
+  tick_at  timestamptz := (SELECT s.now FROM billguard.scheduler_settings() s);
+  trusted  interval := current_setting('billguard.idempotency_window')::interval;
+BEGIN
+  -- A failover must not lose a tick whose claims it replicated.
+  PERFORM set_config('synchronous_commit', 'on', true);
+  SELECT * INTO schedule FROM billguard.current_schedule();
+  billing_period := schedule.due_period;
+  due_at := schedule.due_at;
+  next_due_at := schedule.next_due_at;
+  initiated := 0;
+  existing := 0;
+  -- bill_period takes the same locks: the check and the claim are one step.
+  -- The dispatcher waits for no lock: a session's open transaction must not
+  -- halt all sending of this database.
+  IF NOT pg_try_advisory_xact_lock(billguard.period_lock_class(), hashtext(schedule.due_period))
+     OR NOT pg_try_advisory_xact_lock(billguard.scheduler_lock_class(), 0) THEN
+    outcome := 'busy';
+    RETURN NEXT;
+    RETURN;
+  END IF;
+  issued := billguard.entity_state('billing-scheduler') -> 'issued_periods';
+  IF issued ? schedule.due_period THEN
+    outcome := 'already_issued';
+  ELSIF billguard.issued_after(schedule.due_period, issued, tick_at) IS NOT NULL THEN
+    outcome := 'passed';
+  ELSE
+    IF tick_at > schedule.due_at + trusted THEN
+      search_first_reason := format(
+        'the scheduler claimed %s %s after it became due (%s), past billguard.idempotency_window '
+        '(%s): a charge made for it before (a restored backup that lost the tick) may have a key '
+        'Stripe has forgotten',
+        schedule.due_period, justify_hours(date_trunc('second', tick_at - schedule.due_at)),
+        to_char(schedule.due_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI "UTC"'),
+        current_setting('billguard.idempotency_window'));
+    END IF;
+    SELECT * INTO claimed FROM billguard.claim_period(schedule.due_period, search_first_reason);
+    initiated := claimed.initiated;
+    existing := claimed.already_completed + claimed.in_progress + claimed.failed + claimed.cancelled;
+    outcome := CASE WHEN initiated = 0 AND existing > 0 THEN 'already_billed' ELSE 'billed' END;
+    IF initiated = 0 THEN
+      search_first_reason := NULL;   -- no record carries it
+    END IF;
+  END IF;
+  RETURN NEXT;
+END $$;
+REVOKE ALL ON FUNCTION billguard.scheduler_tick() FROM PUBLIC;

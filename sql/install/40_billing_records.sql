@@ -37,6 +37,12 @@ CREATE TABLE billguard.billing_records (
   -- bit of the null bitmap) for the records that never had one, which is
   -- almost all of them, and for every row an upgrade found.
   unknown_cycles      smallint,
+  -- Why the dispatcher searches Stripe for this record's charge before it
+  -- sends one, on every claim: the scheduler claimed it more than
+  -- billguard.idempotency_window after its period became due, so a charge an
+  -- earlier system made for it (a restored backup that lost the tick) may be
+  -- one Stripe no longer knows the key of. NULL for every other record.
+  search_first_reason text,
   CONSTRAINT billing_records_pk PRIMARY KEY (idempotency_key),
   CONSTRAINT billing_records_uq UNIQUE (customer_id, billing_period),
   CONSTRAINT billing_records_period_valid CHECK (billguard.is_billing_period(billing_period)),

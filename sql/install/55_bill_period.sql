@@ -1,8 +1,10 @@
 -- Billing every active account once for a period, set-based.
 
 -- The work of bill_period(); PL/pgSQL cannot name an input and an output
--- column alike, as bill_period's public signature does.
-CREATE FUNCTION billguard.claim_period(period text)
+-- column alike, as bill_period's public signature does. The scheduler's
+-- tick passes search_first_reason when it claims late (see scheduler_tick()):
+-- each record it claims is searched for at Stripe before it is sent.
+CREATE FUNCTION billguard.claim_period(period text, search_first_reason text DEFAULT NULL)
   RETURNS TABLE (initiated bigint, already_completed bigint, in_progress bigint, failed bigint,
                  cancelled bigint)
   LANGUAGE plpgsql
@@ -30,9 +32,10 @@ BEGIN
     WITH claimed AS (
       INSERT INTO billguard.billing_records AS r
              (customer_id, billing_period, idempotency_key, amount_cents, currency,
-              stripe_customer, payment_method)
+              stripe_customer, payment_method, search_first_reason)
       SELECT a.customer_id, period, billguard.idempotency_key(a.customer_id, period, ns),
-             a.amount_cents, a.currency, a.stripe_customer, a.payment_method
+             a.amount_cents, a.currency, a.stripe_customer, a.payment_method,
+             claim_period.search_first_reason
         FROM billguard.accounts a
        WHERE a.active
          AND NOT EXISTS (SELECT FROM billguard.billing_records e

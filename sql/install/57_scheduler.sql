@@ -97,9 +97,17 @@ CREATE FUNCTION billguard.issued_after(due_period text, issued jsonb, at timesta
 --                   calendar back to a period the scheduler had passed.
 --                   Nothing: billing it is a person's decision (due_periods)
 -- existing counts the period's records from before this tick.
+-- search_first_reason, when the tick claims more than the dispatcher's
+-- billguard.idempotency_window after the period became due: an earlier
+-- system may have charged the period already (a backup restored from before
+-- its tick, a reinstall with the accounts imported again, auto_bill switched
+-- on for a period billed elsewhere), with keys Stripe has pruned since. Each
+-- record claimed carries the reason, and the dispatcher searches for its
+-- charge before sending one (claim_due_records). A person's bill_period of
+-- a past period sends plain charges: see the README's scheduler section.
 CREATE FUNCTION billguard.scheduler_tick()
   RETURNS TABLE (billing_period text, outcome text, initiated bigint, existing bigint,
-                 due_at timestamptz, next_due_at timestamptz)
+                 due_at timestamptz, next_due_at timestamptz, search_first_reason text)
   LANGUAGE plpgsql
   SET search_path = pg_catalog, pg_temp
   AS $$
@@ -108,6 +116,8 @@ DECLARE
   schedule record;
   claimed  record;
   issued   jsonb;
+  tick_at  timestamptz := (SELECT s.now FROM billguard.scheduler_settings() s);
+  trusted  interval := current_setting('billguard.idempotency_window')::interval;
 BEGIN
   -- A failover must not lose a tick whose claims it replicated.
   PERFORM set_config('synchronous_commit', 'on', true);
@@ -129,14 +139,25 @@ BEGIN
   issued := billguard.entity_state('billing-scheduler') -> 'issued_periods';
   IF issued ? schedule.due_period THEN
     outcome := 'already_issued';
-  ELSIF billguard.issued_after(schedule.due_period, issued,
-                               (SELECT s.now FROM billguard.scheduler_settings() s)) IS NOT NULL THEN
+  ELSIF billguard.issued_after(schedule.due_period, issued, tick_at) IS NOT NULL THEN
     outcome := 'passed';
   ELSE
-    SELECT * INTO claimed FROM billguard.claim_period(schedule.due_period);
+    IF tick_at > schedule.due_at + trusted THEN
+      search_first_reason := format(
+        'the scheduler claimed %s %s after it became due (%s), past billguard.idempotency_window '
+        '(%s): a charge made for it before (a restored backup that lost the tick) may have a key '
+        'Stripe has forgotten',
+        schedule.due_period, justify_hours(date_trunc('second', tick_at - schedule.due_at)),
+        to_char(schedule.due_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI "UTC"'),
+        current_setting('billguard.idempotency_window'));
+    END IF;
+    SELECT * INTO claimed FROM billguard.claim_period(schedule.due_period, search_first_reason);
     initiated := claimed.initiated;
     existing := claimed.already_completed + claimed.in_progress + claimed.failed + claimed.cancelled;
     outcome := CASE WHEN initiated = 0 AND existing > 0 THEN 'already_billed' ELSE 'billed' END;
+    IF initiated = 0 THEN
+      search_first_reason := NULL;   -- no record carries it
+    END IF;
   END IF;
   RETURN NEXT;
 END $$;

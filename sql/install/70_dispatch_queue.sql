@@ -76,7 +76,9 @@ CREATE FUNCTION billguard.charge_request_body(endpoint text, idempotency_key tex
 --             longer than idempotency_window ago, so Stripe may have pruned
 --             the key of a request the record no longer knows it sent (a
 --             backup restored from between that request and its recording
---             has no first_dispatched_at).
+--             has no first_dispatched_at), or the scheduler claimed it
+--             late (search_first_reason: a charge an earlier system
+--             made for it may be one whose key Stripe has pruned).
 -- Whatever the statistics say, the queue is read in due order from its
 -- index and each claimed row is updated through its primary key.
 CREATE FUNCTION billguard.claim_due_records(max_rows integer, lease interval,
@@ -99,7 +101,8 @@ BEGIN
   PERFORM set_config('synchronous_commit', 'on', true);
   RETURN QUERY
   WITH due AS (
-    SELECT r.idempotency_key, r.status, r.created_at, r.first_dispatched_at
+    SELECT r.idempotency_key, r.status, r.created_at, r.first_dispatched_at,
+           r.search_first_reason
       FROM billguard.billing_records r
      WHERE r.next_attempt_at <= now() AND r.status IN ('pending', 'dispatching', 'unknown')
        AND (r.status <> 'dispatching' OR r.lease_expires_at IS NULL OR r.lease_expires_at <= now())
@@ -124,6 +127,7 @@ BEGIN
               r.stripe_endpoint, r.request_body, r.unknown_cycles,
               CASE WHEN due.status = 'unknown'
                      OR least(due.created_at, due.first_dispatched_at) < now() - idempotency_window
+                     OR due.search_first_reason IS NOT NULL
                    THEN 'search' ELSE 'charge' END AS action
   ), journaled AS (
     INSERT INTO billguard.journal (persistence_id, seq_nr, customer_id, event_type, event)

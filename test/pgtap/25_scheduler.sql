@@ -16,9 +16,13 @@
 -- lists the due periods never issued, oldest first, from the first issued
 -- one, and a deliberate bill_period takes one off the list;
 -- scheduler_status shows the last period issued, and no next instant while
--- auto_bill is off.
+-- auto_bill is off; a tick more than billguard.idempotency_window after the
+-- period became due marks each record it claims to be searched for first
+-- (search_first_reason, the reason), and claim_due_records searches for
+-- them on every claim, also after a lease ran out; one exactly at the
+-- window, and bill_period, do not.
 BEGIN;
-SELECT plan(44);
+SELECT plan(52);
 
 UPDATE billguard.accounts SET active = false WHERE customer_id NOT LIKE 't25\_%';
 INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency)
@@ -174,6 +178,48 @@ SELECT is(billguard.issued_after('2035-05', '["2035-04"]', '2035-06-15 00:00:00+
 SET LOCAL billguard.scheduler_now = '2035-06-15 00:00:00+00';
 SELECT is((SELECT last_period_issued FROM billguard.scheduler_status), '2035-05',
           'scheduler_status: the last period issued is 2035-05');
+
+------------------------------------------------------------------------------
+-- A tick that claims more than billguard.idempotency_window (23h here) after
+-- the period became due: its records are searched for before any is sent.
+SELECT is((SELECT count(*) FROM billguard.billing_records
+            WHERE customer_id LIKE 't25\_%' AND search_first_reason IS NOT NULL), 0::bigint,
+          'on time: no record the ticks claimed so far is searched for first');
+SET LOCAL billguard.scheduler_now = '2035-07-02 00:00:01+00';
+SELECT results_eq($$SELECT billing_period, outcome, initiated, search_first_reason FROM billguard.scheduler_tick()$$,
+                  $$VALUES ('2035-06'::text, 'billed'::text, 3::bigint,
+                            'the scheduler claimed 2035-06 1 day 00:00:01 after it became due '
+                            '(2035-07-01 00:00 UTC), past billguard.idempotency_window (23h): a charge '
+                            'made for it before (a restored backup that lost the tick) may have a key '
+                            'Stripe has forgotten')$$,
+                  'late: 2035-06 billed a day after it became due, with the reason to search first');
+SELECT is((SELECT count(*) FROM billguard.billing_records
+            WHERE billing_period = '2035-06' AND status = 'pending'
+              AND search_first_reason LIKE 'the scheduler claimed 2035-06 %'), 3::bigint,
+          'late: each record is pending and carries the reason');
+SET LOCAL billguard.scheduler_now = '2035-08-01 23:00:00+00';
+SELECT results_eq($$SELECT billing_period, outcome, initiated, search_first_reason FROM billguard.scheduler_tick()$$,
+                  $$VALUES ('2035-07'::text, 'billed'::text, 3::bigint, NULL::text)$$,
+                  'exactly idempotency_window after 2035-07 became due: billed with plain charges');
+SELECT results_eq($$SELECT c.billing_period, c.action, count(*)
+                      FROM billguard.claim_due_records(1000, '1 minute', '23 hours', '/v1/payment_intents') c
+                     WHERE c.customer_id LIKE 't25\_%' AND c.billing_period IN ('2035-06', '2035-07')
+                     GROUP BY 1, 2 ORDER BY 1$$,
+                  $$VALUES ('2035-06'::text, 'search'::text, 3::bigint), ('2035-07', 'charge', 3)$$,
+                  'claim_due_records: the late records are searched for, the others charged');
+UPDATE billguard.billing_records SET lease_expires_at = now() - interval '1 second'
+ WHERE billing_period = '2035-06' AND customer_id LIKE 't25\_%';
+SELECT results_eq($$SELECT c.billing_period, c.action, count(*)
+                      FROM billguard.claim_due_records(1000, '1 minute', '23 hours', '/v1/payment_intents') c
+                     WHERE c.customer_id LIKE 't25\_%' GROUP BY 1, 2$$,
+                  $$VALUES ('2035-06'::text, 'search'::text, 3::bigint)$$,
+                  'claim_due_records: claimed again after the lease ran out (a crash), still searched for first');
+SELECT results_eq($$SELECT billing_period, initiated FROM billguard.bill_period('2035-03')$$,
+                  $$VALUES ('2035-03'::text, 3::bigint)$$,
+                  'bill_period of 2035-03, months after it became due, claims three records');
+SELECT is((SELECT count(*) FROM billguard.billing_records
+            WHERE billing_period = '2035-03' AND search_first_reason IS NULL), 3::bigint,
+          'bill_period, a person''s, however late: plain charges, never marked');
 
 SELECT * FROM finish();
 ROLLBACK;

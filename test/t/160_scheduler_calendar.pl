@@ -4,7 +4,8 @@
 # succeeded charge per key at the emulator, every record completed with it.
 #
 #   start      auto_bill turned on on 2031-08-31 23:59:59: the most recent
-#              due period, 2031-07, is billed at once
+#              due period, 2031-07, is billed at once, each record searched
+#              for first (a month past billguard.idempotency_window)
 #   crossing   the clock crosses 2031-09-01 00:00 UTC: 2031-08 is billed
 #              once; ticks later in that hour find it issued
 #   restarts   three restarts within the same hour (fast, immediate, kill -9
@@ -31,9 +32,13 @@ add_accounts($node, $accounts);
 # ---- start -------------------------------------------------------------------------
 
 my $offset = set_scheduler($node, auto_bill => 'monthly', scheduler_now => '2031-08-31 23:59:59+00');
-like(wait_for_tick($node, $offset), qr/billed 2031-07 \(due 2031-08-01 00:00 UTC\): $accounts records claimed, 0 existed already; next bill at 2031-09-01 00:00 UTC/,
-	'start: turned on, the scheduler bills the most recent due period, 2031-07');
+like(wait_for_tick($node, $offset), qr/billed 2031-07 \(due 2031-08-01 00:00 UTC\): $accounts records claimed, 0 existed already; each is searched for at Stripe before any charge is sent: the scheduler claimed 2031-07 30 days 23:59:59 after it became due \(2031-08-01 00:00 UTC\), past billguard.idempotency_window \(23h\).*; next bill at 2031-09-01 00:00 UTC/,
+	'start: turned on, the scheduler bills the most recent due period, 2031-07, a month late: searching first');
 billed_once($node, $emulator, 'start', '2031-07', $accounts);
+is(q1($node, q{SELECT string_agg(DISTINCT event_type || coalesce('(' || (event ->> 'action') || ')', ''), ',')
+	FROM billguard.journal WHERE persistence_id LIKE 'billing-%-2031-07'}),
+	'BillingCompleted,BillingInitiated,ChargeAttempted(search)',
+	'start: each record was searched for, not found, and charged');
 is(records_of($node, '2031-08'), '0', 'start: 2031-08 is not billed a second before its instant');
 
 # ---- crossing ----------------------------------------------------------------------
