@@ -56,7 +56,8 @@ sql -c "INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cen
 
 worker/billguard-proxy --listen 127.0.0.1:0 --database "host=$dir/pg port=$port user=postgres dbname=vault" \
   --upstream "$emulator" --upstream-key-file "$dir/proxy-stripe.key" \
-  --admin-token-file "$dir/admin.token" --issuer-token-file "$dir/issuer.token" ${BENCH_PROXY_ARGS:-} \
+  --admin-token-file "$dir/admin.token" --issuer-token-file "$dir/issuer.token" \
+  --issuer-max-period-usd 100000000 ${BENCH_PROXY_ARGS:-} \
   >"$dir/proxy.out" 2>"$dir/proxy.log" &
 proxy_pid=$!
 proxy=http://$(announced "$dir/proxy.out")

@@ -9,7 +9,8 @@ namespace billguard::proxy {
 const char* const kUsage =
     "usage: billguard-proxy --listen HOST:PORT --database CONNINFO --upstream URL\n"
     "                       --upstream-key-file PATH --admin-token-file PATH\n"
-    "                       [--issuer-token-file PATH] [--webhook-database CONNINFO]\n"
+    "                       [--issuer-token-file PATH --issuer-max-period-usd AMOUNT]\n"
+    "                       [--webhook-database CONNINFO]\n"
     "                       [--upstream-timeout SECONDS] [--threads N] [--database-pool N]\n"
     "       billguard-proxy --help\n"
     "\n"
@@ -26,7 +27,17 @@ const char* const kUsage =
     "  --upstream-key-file PATH  the real Stripe key (sk_... or rk_...)\n"
     "  --admin-token-file PATH   token that issues keys, reads and revokes them and\n"
     "                            raises caps\n"
-    "  --issuer-token-file PATH  token that may only issue keys\n"
+    "  --issuer-token-file PATH  token that may only issue keys, and only what the\n"
+    "                            billing database's dispatcher asks for: vendor\n"
+    "                            stripe, endpoints among /v1/payment_intents,\n"
+    "                            /v1/charges and their /search, and a new budget of\n"
+    "                            at most --issuer-max-period-usd (it may join an\n"
+    "                            existing budget at its cap); anything else is 403\n"
+    "                            issuer_not_allowed. Larger budgets are the admin's\n"
+    "  --issuer-max-period-usd AMOUNT\n"
+    "                            required with --issuer-token-file: the largest cap\n"
+    "                            in USD (e.g. 5000.00) of a budget the issuer token\n"
+    "                            creates\n"
     "  --webhook-database CONNINFO\n"
     "                            the billing database: serve POST /webhooks/stripe,\n"
     "                            Stripe's webhook deliveries, passed to its\n"
@@ -57,6 +68,26 @@ int ParseInt(const std::string& flag, const std::string& value, int low, int hig
   return static_cast<int>(n);
 }
 
+// A positive USD amount of whole cents, up to the ledger's largest cap
+// (10000000000000), as the decimal text the ledger reads.
+std::string ParseUsd(const std::string& flag, const std::string& value) {
+  const std::size_t point = value.find('.');
+  const std::string whole = value.substr(0, point);
+  const std::string cents = point == std::string::npos ? "" : value.substr(point + 1);
+  const auto digits = [](const std::string& text) {
+    return text.find_first_not_of("0123456789") == std::string::npos;
+  };
+  const bool valid = !whole.empty() && whole.size() <= 14 && digits(whole) && digits(cents) &&
+                     (point == std::string::npos || (cents.size() >= 1 && cents.size() <= 2)) &&
+                     std::strtod(value.c_str(), nullptr) > 0 &&
+                     std::strtod(value.c_str(), nullptr) <= 1e13;
+  if (!valid) {
+    throw UsageError(flag + " must be a positive USD amount of whole cents up to " +
+                     "10000000000000, e.g. 5000.00, got \"" + value + "\"");
+  }
+  return value;
+}
+
 }  // namespace
 
 Options ParseCommandLine(int argc, char** argv) {
@@ -68,10 +99,17 @@ Options ParseCommandLine(int argc, char** argv) {
       options.help = true;
       return options;
     }
-    static const char* const kFlags[] = {
-        "--listen",           "--database",          "--upstream",         "--upstream-key-file",
-        "--admin-token-file", "--issuer-token-file", "--upstream-timeout", "--threads",
-        "--database-pool",    "--webhook-database"};
+    static const char* const kFlags[] = {"--listen",
+                                         "--database",
+                                         "--upstream",
+                                         "--upstream-key-file",
+                                         "--admin-token-file",
+                                         "--issuer-token-file",
+                                         "--upstream-timeout",
+                                         "--threads",
+                                         "--database-pool",
+                                         "--webhook-database",
+                                         "--issuer-max-period-usd"};
     bool known = false;
     for (const char* name : kFlags) known = known || flag == name;
     if (!known) throw UsageError("unknown option " + flag);
@@ -96,6 +134,15 @@ Options ParseCommandLine(int argc, char** argv) {
   options.admin_token_file = values["--admin-token-file"];
   if (values.count("--issuer-token-file") != 0) {
     options.issuer_token_file = values["--issuer-token-file"];
+    if (values.count("--issuer-max-period-usd") == 0) {
+      throw UsageError(
+          "--issuer-token-file needs --issuer-max-period-usd, the largest budget the issuer token "
+          "may create");
+    }
+    options.issuer_max_period_usd =
+        ParseUsd("--issuer-max-period-usd", values["--issuer-max-period-usd"]);
+  } else if (values.count("--issuer-max-period-usd") != 0) {
+    throw UsageError("--issuer-max-period-usd is for --issuer-token-file, which is not given");
   }
   if (values.count("--webhook-database") != 0)
     options.webhook_database = values["--webhook-database"];

@@ -14,7 +14,10 @@ struct Options {
   std::string upstream_key_file;
   std::string admin_token_file;
   std::string issuer_token_file;  // empty: only the admin token issues keys
-  std::string webhook_database;   // empty: POST /webhooks/stripe is not served
+  // The largest new budget (USD, e.g. 5000.00) the issuer token may create;
+  // required with issuer_token_file.
+  std::string issuer_max_period_usd;
+  std::string webhook_database;  // empty: POST /webhooks/stripe is not served
   int upstream_timeout_s = 20;
   int threads = 64;
   int database_pool = 8;

@@ -93,12 +93,14 @@ void AnswerStatus(ProxyContext& context, httplib::Response& res, const std::stri
 }
 
 void IssueKey(ProxyContext& context, const httplib::Request& req, httplib::Response& res) {
-  if (RoleOf(context, req) == Role::kNone) {
+  const Role role = RoleOf(context, req);
+  if (role == Role::kNone) {
     return Error(res, 401, "POST /keys needs the issuer or the admin token");
   }
   const json body = json::parse(req.body, nullptr, false);
   KeyRequest key;
   key.livemode = context.livemode;
+  if (role == Role::kIssuer) key.issuer_max_period_usd = context.issuer_max_period_usd;
   const auto text = [&](const char* name, std::string* out) {
     if (!body.is_object() || !body.contains(name) || !body[name].is_string()) return false;
     *out = body[name].get<std::string>();
@@ -123,6 +125,10 @@ void IssueKey(ProxyContext& context, const httplib::Request& req, httplib::Respo
     try {
       issued = context.ledger.IssueKey(key);
     } catch (const LedgerError& e) {
+      // 403: the ledger refused the issuer token more than the dispatcher's key.
+      if (e.http_status == 403) {
+        return AnswerJson(res, 403, StripeErrorBody(e.type, "issuer_not_allowed", e.what()));
+      }
       if (e.http_status != 409) throw;
       return AnswerCapDiffers(res, e);
     }

@@ -19,7 +19,8 @@ void Prepare(pqxx::connection& connection) {
                      "SELECT billguard.vault_settle($1, $2, $3::integer, $4, $5, $6, $7)");
   connection.prepare("issue",
                      "SELECT vault_key, key_id, cap_usd, vendor FROM billguard.issue_vault_key("
-                     "$1, $2, $3::numeric, $4::text[], $5::timestamptz, $6::boolean)");
+                     "$1, $2, $3::numeric, $4::text[], $5::timestamptz, $6::boolean, "
+                     "$7::numeric)");
   connection.prepare("status", "SELECT row_to_json(s)::text FROM billguard.vault_key_status($1) s");
   connection.prepare("revoke", "SELECT billguard.revoke_vault_key($1)");
   connection.prepare("raise", "SELECT billguard.raise_vault_cap($1, $2::numeric)");
@@ -68,6 +69,10 @@ LedgerError ErrorFor(const pqxx::sql_error& e) {
   message = message.substr(0, message.find('\n'));
   if (state == "23505") return LedgerError(409, "invalid_request_error", message);
   if (state == "P0002") return LedgerError(404, "invalid_request_error", message);
+  // libpqxx 6.4 throws insufficient_privilege without its SQLSTATE.
+  if (state == "42501" || dynamic_cast<const pqxx::insufficient_privilege*>(&e) != nullptr) {
+    return LedgerError(403, "invalid_request_error", message);
+  }
   if (state.rfind("22", 0) == 0 || state.rfind("23", 0) == 0) {
     return LedgerError(400, "invalid_request_error", message);
   }
@@ -95,7 +100,7 @@ void Ledger::CheckSchema() {
   static const char* const kFunctions[] = {
       "billguard.vault_authorize(bytea, text, text, text, text, bigint, text, text)",
       "billguard.vault_settle(text, text, integer, text, text, text, text)",
-      "billguard.issue_vault_key(text, text, numeric, text[], timestamptz, boolean)",
+      "billguard.issue_vault_key(text, text, numeric, text[], timestamptz, boolean, numeric)",
       "billguard.vault_key_status(text)",
       "billguard.revoke_vault_key(text)",
       "billguard.raise_vault_cap(text, numeric)"};
@@ -171,9 +176,9 @@ std::string Ledger::Settle(const std::string& key_id, const std::string& idempot
 
 NewKey Ledger::IssueKey(const KeyRequest& r) {
   return Call([&](pqxx::nontransaction& tx) {
-    const auto row = tx.exec_prepared1("issue", r.vendor, r.billing_period, r.period_usd_cap,
-                                       TextArray(r.allowed_endpoints), r.expires_at,
-                                       r.livemode ? "true" : "false");
+    const auto row = tx.exec_prepared1(
+        "issue", r.vendor, r.billing_period, r.period_usd_cap, TextArray(r.allowed_endpoints),
+        r.expires_at, r.livemode ? "true" : "false", OrNull(r.issuer_max_period_usd));
     return NewKey{row[0].as<std::string>(), row[1].as<std::string>(), row[2].as<std::string>(),
                   row[3].as<std::string>()};
   });

@@ -66,6 +66,9 @@ struct KeyRequest {
   std::vector<std::string> allowed_endpoints;
   std::string expires_at;  // timestamptz text
   bool livemode = true;
+  // Set for the issuer token's request: the ledger allows it only the
+  // dispatcher's key, and a new budget up to this many USD.
+  std::optional<std::string> issuer_max_period_usd;
 };
 
 // Column name -> text (absent when NULL): a row of vault_spend.

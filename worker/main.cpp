@@ -134,9 +134,13 @@ int main(int argc, char** argv) {
     billguard::InitializeHttp();
     const bp::Upstream upstream(options.upstream, upstream_key, options.upstream_timeout_s * 1000L);
     bp::Metrics metrics;
-    bp::ProxyContext context{ledger,       upstream,
-                             metrics,      admin_token,
-                             issuer_token, upstream_key.find("_live_") != std::string::npos};
+    bp::ProxyContext context{ledger,
+                             upstream,
+                             metrics,
+                             admin_token,
+                             issuer_token,
+                             options.issuer_max_period_usd,
+                             upstream_key.find("_live_") != std::string::npos};
 
     Server server;
     const auto threads = static_cast<std::size_t>(options.threads);

@@ -18,6 +18,7 @@ struct ProxyContext {
   Metrics& metrics;
   const std::string admin_token;
   const std::optional<std::string> issuer_token;
+  const std::string issuer_max_period_usd;  // USD: the largest budget the issuer creates
   const bool livemode;  // the upstream key is a live key: vault keys are vk_live_
 };
 

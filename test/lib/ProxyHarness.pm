@@ -40,7 +40,8 @@ sub secret_file {
 
 # Options: conninfo (required), upstream (an emulator or a URL), upstream_key
 # (default: the emulator harness's test key), issuer => 0 to start without an
-# issuer token, port (default 0: any), args => [more flags], stderr => file.
+# issuer token, issuer_max_period_usd (its --issuer-max-period-usd; default
+# 1000000), port (default 0: any), args => [more flags], stderr => file.
 # Dies unless the proxy announces its port.
 sub start {
 	my ($class, %o) = @_;
@@ -64,7 +65,10 @@ sub command {
 	return (binary(), '--listen', "127.0.0.1:$port", '--database', $self->{conninfo},
 		'--upstream', $self->{upstream_url}, '--upstream-key-file', $self->{files}{upstream},
 		'--admin-token-file', $self->{files}{admin},
-		(($self->{issuer} // 1) ? ('--issuer-token-file', $self->{files}{issuer}) : ()),
+		(($self->{issuer} // 1)
+			? ('--issuer-token-file', $self->{files}{issuer},
+				'--issuer-max-period-usd', $self->{issuer_max_period_usd} // '1000000')
+			: ()),
 		@{ $self->{args} // [] });
 }
 

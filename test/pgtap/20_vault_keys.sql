@@ -9,9 +9,12 @@
 -- is journaled as VaultKeyIssued on billing-scheduler and audited;
 -- raise_vault_cap only raises (audited), revoke_vault_key stamps once;
 -- vault_key_status and vault_spend show the budget; the ledger's tables are
--- registered for pg_dump and vault_audit is append-only.
+-- registered for pg_dump and vault_audit is append-only; the issuer
+-- token's request (issuer_max_period_usd given) is 42501 for another vendor,
+-- other endpoints or a new budget past the ceiling, and changes nothing,
+-- while it joins an existing budget at its cap.
 BEGIN;
-SELECT plan(34);
+SELECT plan(40);
 
 CREATE TEMP TABLE k AS
   SELECT * FROM billguard.issue_vault_key('stripe', '2040-01', 54890.10, ARRAY['/v1/payment_intents', '/v1/charges'],
@@ -103,6 +106,30 @@ SELECT is((SELECT array_agg(c::regclass::text ORDER BY c::regclass::text) FROM p
           'the ledger''s tables are registered with pg_extension_config_dump');
 SELECT throws_ok($$DELETE FROM billguard.vault_audit$$, '42501', 'billguard.vault_audit is append-only: DELETE refused',
                  'vault_audit refuses DELETE, even to its owner');
+
+-- The issuer token's request: the dispatcher's key only.
+CREATE TEMP TABLE issuer_rows AS
+  SELECT (SELECT count(*) FROM billguard.vault_budgets) budgets, (SELECT count(*) FROM billguard.vault_keys) keys;
+SELECT throws_ok($$SELECT * FROM billguard.issue_vault_key('stripe_b', '2040-05', 10, ARRAY['/v1/charges'], now() + interval '1 day', true, 100)$$,
+                 '42501', 'the issuer token may ask for vendor stripe only, not ''stripe_b''', 'issuer: another vendor is 42501');
+SELECT throws_ok($$SELECT * FROM billguard.issue_vault_key('stripe', '2040-05', 10, ARRAY['/v1/charges', '/v1/payouts'], now() + interval '1 day', true, 100)$$,
+                 '42501', 'the issuer token may ask for /v1/payment_intents, /v1/charges and their /search only, not /v1/charges, /v1/payouts',
+                 'issuer: endpoints beyond the charge endpoints are 42501');
+SELECT throws_ok($$SELECT * FROM billguard.issue_vault_key('stripe', '2040-05', 100.01, ARRAY['/v1/charges'], now() + interval '1 day', true, 100)$$,
+                 '42501', 'the issuer token may create a budget of at most 100.00 USD (--issuer-max-period-usd), not 100.01 USD for billing_period 2040-05',
+                 'issuer: a new budget past the ceiling is 42501');
+SELECT is((SELECT count(*) FROM billguard.vault_budgets) || '/' || (SELECT count(*) FROM billguard.vault_keys),
+          (SELECT budgets || '/' || keys FROM issuer_rows), '... and none changed anything');
+SELECT is((SELECT cap_usd FROM billguard.issue_vault_key('stripe', '2040-01',
+                                                         (SELECT b.cap_cents / 100.0 FROM billguard.vault_budgets b
+                                                           WHERE (b.vendor, b.billing_period) = ('stripe', '2040-01')),
+                                                         ARRAY['/v1/payment_intents', '/v1/payment_intents/search'],
+                                                         now() + interval '1 day', true, 100)),
+          (SELECT round(b.cap_cents / 100.0, 2) FROM billguard.vault_budgets b
+            WHERE (b.vendor, b.billing_period) = ('stripe', '2040-01') AND b.cap_cents > 10000),
+          'issuer: an existing budget past the ceiling is joined at its cap');
+SELECT is((SELECT cap_usd FROM billguard.issue_vault_key('stripe_b', '2040-05', 100000, ARRAY['/v1/payouts'], now() + interval '1 day')),
+          100000.00, 'the admin (no ceiling) is not bounded');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -32,6 +32,27 @@ is($status, 0, '--help exits 0');
 is($status, 2, 'a flag without its value exits 2');
 like($stderr, qr/^billguard-proxy: --listen needs a value\nusage: billguard-proxy/, '... saying so, then the usage');
 
+# The issuer token is bounded by the operator, always.
+my $issuer = ProxyHarness::secret_file($dir, 'issuer.token', 'i' x 40);
+for my $case (
+	[ 'an issuer token without a ceiling', { '--issuer-token-file' => $issuer },
+	  qr/--issuer-token-file needs --issuer-max-period-usd/ ],
+	[ 'a ceiling of 0', { '--issuer-token-file' => $issuer, '--issuer-max-period-usd' => '0' },
+	  qr/--issuer-max-period-usd must be a positive USD amount of whole cents/ ],
+	[ 'a ceiling of fractions of a cent', { '--issuer-token-file' => $issuer, '--issuer-max-period-usd' => '1.005' },
+	  qr/--issuer-max-period-usd must be a positive USD amount of whole cents/ ],
+	[ 'a ceiling past the largest cap', { '--issuer-token-file' => $issuer, '--issuer-max-period-usd' => '20000000000000' },
+	  qr/--issuer-max-period-usd must be a positive USD amount of whole cents/ ],
+	[ 'a ceiling without an issuer token', { '--issuer-max-period-usd' => '100' },
+	  qr/--issuer-max-period-usd is for --issuer-token-file, which is not given/ ],
+) {
+	my ($what, $changes, $message) = @$case;
+	my ($exit, $err, $line) = refused(%$changes);
+	is($exit, 2, "$what: a usage error (exit 2)");
+	like($err, $message, "$what: it says why") or diag($err);
+	is($line, undef, "$what: it never listened");
+}
+
 my @cases = (
 	[ 'a missing key file', { '--upstream-key-file' => "$dir/none" }, qr/cannot read --upstream-key-file \S+: No such file/ ],
 	[ 'a key file readable by others', { '--upstream-key-file' => ProxyHarness::secret_file($dir, 'open.key', 'sk_test_abcdefgh', 0644) },
@@ -41,7 +62,8 @@ my @cases = (
 	[ 'an unreadable admin token file', { '--admin-token-file' => "$dir/none.token" }, qr/cannot read --admin-token-file/ ],
 	[ 'a group-readable token file', { '--admin-token-file' => ProxyHarness::secret_file($dir, 'g.token', 'b' x 40, 0640) },
 	  qr/--admin-token-file \S+ has group or world access \(mode 0640\)/ ],
-	[ 'a short token', { '--issuer-token-file' => ProxyHarness::secret_file($dir, 'short.token', 'abc') },
+	[ 'a short token', { '--issuer-token-file' => ProxyHarness::secret_file($dir, 'short.token', 'abc'),
+		'--issuer-max-period-usd' => '100' },
 	  qr/--issuer-token-file \S+ holds fewer than 24 characters/ ],
 	[ 'plain http to another host', { '--upstream' => 'http://example.com' }, qr/--upstream http:\/\/example.com is refused. The URL must be an https:\/\// ],
 	[ 'an unreachable database', { '--database' => 'host=/nonexistent dbname=postgres' }, qr/cannot reach the --database/ ],
@@ -71,7 +93,7 @@ q1($node, q{
 	CREATE ROLE billguard_proxy LOGIN;
 	GRANT USAGE ON SCHEMA billguard TO billguard_proxy;
 	GRANT EXECUTE ON FUNCTION
-	  billguard.issue_vault_key(text, text, numeric, text[], timestamptz, boolean),
+	  billguard.issue_vault_key(text, text, numeric, text[], timestamptz, boolean, numeric),
 	  billguard.vault_authorize(bytea, text, text, text, text, bigint, text, text),
 	  billguard.vault_settle(text, text, integer, text, text, text, text),
 	  billguard.vault_key_status(text),

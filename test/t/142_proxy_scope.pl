@@ -7,6 +7,12 @@
 #     proxy holds a live Stripe key, 401; none is forwarded;
 #   - a key issued again for the period shares its budget; another cap for
 #     it is 409; only the admin raises a cap or reads and revokes keys;
+#   - the issuer token obtains the dispatcher's key only: another vendor
+#     name, endpoints beyond /v1/payment_intents, /v1/charges and their
+#     search, or a new budget past --issuer-max-period-usd are 403
+#     issuer_not_allowed and create nothing; the dispatcher's own request
+#     (vault_key_request) passes, and an admin's larger budget is joined at
+#     its cap; the admin token can do all of it;
 #   - reads of an allowed endpoint pass and are never counted;
 #   - a malformed Authorization, a body that is not form encoding, an amount
 #     that is not a positive integer (or has a leading zero), a parameter
@@ -26,7 +32,8 @@ use ProxyHarness;
 
 my $node = billguard_node('proxy_scope');
 my $emulator = start_emulator();
-my $proxy = ProxyHarness->start(conninfo => $node->connstr('postgres'), upstream => $emulator);
+my $proxy = ProxyHarness->start(conninfo => $node->connstr('postgres'), upstream => $emulator,
+	issuer_max_period_usd => '100');
 my $key = $proxy->issue_key(billing_period => '2026-08', period_usd_cap => 10,
 	allowed_endpoints => ['/v1/payment_intents']);
 my @answers;    # every answer, searched for secrets at the end
@@ -95,6 +102,72 @@ is(error_of(remember($proxy->charge($key->{vault_key}, 'scope-6', amount => 50))
 	'a revoked key is 401 on the very next request');
 is($proxy->request('GET', "/keys/$key->{key_id}", undef, token => $proxy->issuer_token)->{status}, 403,
 	'the issuer token cannot read keys');
+
+# ---- the issuer token: the dispatcher's key, within the operator's ceiling ---------------------------
+
+my $ledger_rows = sub {
+	q1($node, q{SELECT (SELECT count(*) FROM billguard.vault_budgets) || '/' || (SELECT count(*) FROM billguard.vault_keys)
+		|| '/' || (SELECT count(*) FROM billguard.journal WHERE event_type = 'VaultKeyIssued')});
+};
+my $rows_before = $ledger_rows->();
+my $forwarded_before = $forwarded->();
+my @refused = (
+	[ 'another vendor name with any cap and payouts (the review\'s request)', vendor => 'stripe_b', billing_period => '2026-08',
+	  period_usd_cap => 10000000000, allowed_endpoints => [ '/v1/payouts', '/v1/transfers' ] ],
+	[ 'another vendor name within the ceiling', vendor => 'stripe_b', billing_period => '2026-11', period_usd_cap => 10 ],
+	[ 'endpoints beyond the charge endpoints', billing_period => '2026-11', period_usd_cap => 10,
+	  allowed_endpoints => [ '/v1/payment_intents', '/v1/payouts' ] ],
+	[ 'joining the existing budget at its cap with payouts', billing_period => '2026-08', period_usd_cap => 10.5,
+	  allowed_endpoints => [ '/v1/transfers' ] ],
+	[ 'a new budget past the ceiling', billing_period => '2026-11', period_usd_cap => 100.01 ],
+	[ 'a new budget far past the ceiling', billing_period => '2026-11', period_usd_cap => 10000000000,
+	  allowed_endpoints => [ '/v1/charges' ] ],
+);
+for my $case (@refused) {
+	my ($what, %fields) = @$case;
+	my $answer = remember($proxy->request_key(%fields));
+	is(error_of($answer), '403 issuer_not_allowed', "issuer token, $what: 403");
+	is($answer->{json}{error}{type}, 'invalid_request_error', '... Stripe-shaped');
+}
+like(remember($proxy->request_key(vendor => 'stripe_b', period_usd_cap => 10))->{json}{error}{message},
+	qr/the issuer token may ask for vendor stripe only, not 'stripe_b'/, 'the refusal of a vendor names the one allowed');
+like(remember($proxy->request_key(allowed_endpoints => [ '/v1/payouts' ]))->{json}{error}{message},
+	qr{may ask for /v1/payment_intents, /v1/charges and their /search only, not /v1/payouts},
+	'the refusal of endpoints names the allowed ones');
+like(remember($proxy->request_key(billing_period => '2026-11', period_usd_cap => 100.01))->{json}{error}{message},
+	qr/may create a budget of at most 100\.00 USD \(--issuer-max-period-usd\), not 100\.01 USD for billing_period 2026-11/,
+	'the refusal of a cap names the ceiling');
+is($ledger_rows->(), $rows_before, '... and none created a budget, a key or a VaultKeyIssued event');
+is($proxy->key_status($key->{key_id})->{cap_cents}, 1050, "the existing budget's cap is unchanged");
+my $metrics_now = $proxy->request('GET', '/metrics', undef)->{content};
+unlike($metrics_now, qr/stripe_b|2026-11/, 'and /metrics shows no new budget');
+like($metrics_now, qr/billguard_proxy_requests_total\{decision="keys",status="403"\} 9\n/, '... but counts the 9 refusals');
+is($forwarded->(), $forwarded_before, 'nothing reached the emulator');
+
+# What the dispatcher asks (vault_key_request, both charge endpoints) passes, up to the ceiling.
+my $dispatcher_body = q1($node, q{SELECT (body || jsonb_build_object('allowed_endpoints',
+	'["/v1/charges", "/v1/charges/search", "/v1/payment_intents", "/v1/payment_intents/search"]'::jsonb))::text
+	FROM billguard.vault_key_request('2026-11', '/v1/payment_intents', 1.1)});
+my $dispatcher_key = remember($proxy->request('POST', '/keys', $dispatcher_body, token => $proxy->issuer_token,
+	content_type => 'application/json'));
+is($dispatcher_key->{status}, 200, "the dispatcher's own request passes with the issuer token");
+is($dispatcher_key->{json}{vendor}, 'stripe', '... for vendor stripe');
+is($proxy->issue_key(billing_period => '2026-12', period_usd_cap => 100)->{cap_usd}, 100,
+	'a new budget at the ceiling passes');
+# An admin's budget larger than the ceiling: the issuer joins it at its cap (409 first, as the dispatcher does).
+my $big = $proxy->issue_key(as => 'admin', billing_period => '2027-01', period_usd_cap => 500);
+my $asked = remember($proxy->request_key(billing_period => '2027-01', period_usd_cap => 300));
+is(error_of($asked), '409 budget_cap_differs', "the issuer asking its own cap of an admin's larger budget: 409");
+is($asked->{json}{error}{cap_cents}, 50000, "... naming the budget's cap");
+is($proxy->issue_key(billing_period => '2027-01', period_usd_cap => 500)->{cap_usd}, 500,
+	"... and it joins the budget at that cap, past the ceiling, raising nothing");
+
+# The admin token keeps full power.
+for my $i (0 .. $#refused) {
+	my ($what, %fields) = @{ $refused[$i] };
+	$fields{billing_period} = sprintf('2028-%02d', $i + 1) if $fields{billing_period} eq '2026-11';
+	is(remember($proxy->request_key(as => 'admin', %fields))->{status}, 200, "admin token, $what: 200");
+}
 
 # ---- bad input ---------------------------------------------------------------------------
 

@@ -4,6 +4,9 @@
 # may), bills a period with the period's vault key:
 #   - an issuer token file open to others pauses the dispatcher with the
 #     reason, never the token; chmod 600 and a reload resume it;
+#   - a period whose cap (total x headroom) is past the proxy's
+#     --issuer-max-period-usd pauses the dispatcher with the proxy's 403
+#     reason, creating no budget; a higher ceiling and a reload resume it;
 #   - one POST /keys per period (one VaultKeyIssued, one 'issued' audit row),
 #     cap = the period's claimed total x billguard.vault_cap_headroom, exact;
 #   - every record completed, one charge per key at the emulator, every
@@ -29,7 +32,9 @@ my $node = billguard_node('billing_through_proxy',
 	"billguard.max_inflight = 32",
 	"billguard.poll_interval = '200ms'",
 	"billguard.request_timeout = '5s'");
-my $proxy = ProxyHarness->start(conninfo => $node->connstr('postgres'), upstream => $emulator);
+# A ceiling below the period's cap (222.31 USD below), raised further down.
+my $proxy = ProxyHarness->start(conninfo => $node->connstr('postgres'), upstream => $emulator,
+	issuer_max_period_usd => '200');
 
 # The issuer token, group-readable at first.
 my $token_file = ProxyHarness::secret_file($node->basedir, 'issuer.token', $proxy->issuer_token, 0640);
@@ -63,9 +68,25 @@ like(q1($node, 'SELECT pause_reason FROM billguard.dispatch_status'),
 	"... with the proxy's reason");
 is($emulator->stats->{requests} // 0, 0, '... and nothing sent');
 
+# The right token, but the period's cap is past the issuer's ceiling: 403,
+# the dispatcher pauses with the proxy's reason, nothing is created or sent.
 ProxyHarness::secret_file($node->basedir, 'issuer.token', $proxy->issuer_token);
 $node->reload;
-ok(wait_until_settled($node, '2026-08'), 'after chmod 600 and a reload, the period is billed');
+ok(wait_for('the dispatcher to pause on the ceiling', 20, sub {
+	q1($node, 'SELECT pause_reason FROM billguard.dispatch_status') =~ /HTTP 403/ }),
+	'a period cap past --issuer-max-period-usd: paused');
+like(q1($node, 'SELECT pause_reason FROM billguard.dispatch_status'),
+	qr/^the proxy issued no vault key for 2026-08 \(HTTP 403: the issuer token may create a budget of at most 200\.00 USD \(--issuer-max-period-usd\), not 222\.31 USD for billing_period 2026-08\)/,
+	"... with the proxy's reason, naming the ceiling and the cap asked");
+like(slurp_file($node->logfile), qr/paused: the proxy issued no vault key for 2026-08 \(HTTP 403: /, '... in the server log too');
+is(q1($node, 'SELECT count(*) FROM billguard.vault_budgets'), '0', '... and no budget was created');
+is($emulator->stats->{requests} // 0, 0, '... nor anything sent');
+
+$proxy->stop;
+$proxy->{issuer_max_period_usd} = '1000';
+$proxy->restart;
+$node->reload;
+ok(wait_until_settled($node, '2026-08'), 'with a higher ceiling and a reload, the period is billed');
 is(q1($node, "SELECT string_agg(status || '=' || n, ',') FROM (SELECT status, count(*) n FROM billguard.billing_records WHERE billing_period = '2026-08' GROUP BY 1) s"),
 	'completed=20', 'every record completed');
 my $by_key = charges_by_key($emulator);
