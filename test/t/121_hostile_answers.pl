@@ -7,12 +7,11 @@
 # Request-Id on its journal event and the unreadable body kept as text.
 use strict;
 use warnings;
-use IO::Socket::INET;
-use POSIX ();
 use PostgreSQL::Test::Utils;
 use Test::More;
 use BillguardTest;
 use DispatchScenario;
+use RawHttpServer;
 
 # customer => [status, body]; searches find nothing.
 my %answers = (
@@ -25,56 +24,16 @@ my %answers = (
 	hostile_fine   => [200, '{"id":"pi_fine","object":"payment_intent","status":"succeeded"}'],
 );
 
-# A forking HTTP/1.1 server; answers by the customer in the request body.
-package RawStripe {
-	sub start {
-		my $listen = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0, Listen => 64, ReuseAddr => 1)
-		  or die "listen: $!";
-		my $pid = fork() // die "fork: $!";
-		if ($pid == 0) {
-			$SIG{CHLD} = 'IGNORE';
-			while (my $client = $listen->accept) {
-				next if fork();
-				serve($client);
-				POSIX::_exit(0);
-			}
-			POSIX::_exit(0);
-		}
-		return bless { pid => $pid, port => $listen->sockport }, shift;
-	}
-	sub serve {
-		my ($client) = @_;
-		my $buffer = '';
-		while (1) {
-			while ($buffer !~ /\r\n\r\n/) {
-				my $read = sysread($client, $buffer, 65536, length $buffer) or return;
-			}
-			my ($head, $rest) = split /\r\n\r\n/, $buffer, 2;
-			my ($length) = $head =~ /^content-length:\s*(\d+)/mi;
-			$length //= 0;
-			while (length($rest) < $length) {
-				my $read = sysread($client, $rest, 65536, length $rest) or return;
-			}
-			my $body = substr($rest, 0, $length);
-			$buffer = substr($rest, $length);
-			my ($customer) = $body =~ /metadata%5Bcustomer_id%5D=([^&]*)/;
-			my ($status, $answer) = $head =~ m{^GET }
-			  ? (200, '{"object":"search_result","data":[]}')
-			  : @{ $answers{ $customer // '' } // [404, '{}'] };
-			my $id = 'req_' . ($customer // 'search');
-			my $out = "HTTP/1.1 $status X\r\nContent-Type: application/json\r\nRequest-Id: $id\r\n"
-			  . 'Content-Length: ' . length($answer) . "\r\n\r\n" . $answer;
-			while (length $out) {
-				my $written = syswrite($client, $out) // return;
-				substr($out, 0, $written) = '';
-			}
-		}
-	}
-	sub url { my ($self, $path) = @_; return "http://127.0.0.1:$self->{port}$path" }
-	sub stop { my ($self) = @_; kill 'KILL', $self->{pid}; waitpid($self->{pid}, 0) }
-}
-
-my $stripe = RawStripe->start;
+# Stripe's stand-in answers by the customer in the request body; a search
+# (GET) finds nothing.
+my $stripe = RawHttpServer->start(sub {
+	my ($head, $body) = @_;
+	my ($customer) = $body =~ /metadata%5Bcustomer_id%5D=([^&]*)/;
+	my ($status, $answer) = $head =~ m{^GET }
+	  ? (200, '{"object":"search_result","data":[]}')
+	  : @{ $answers{ $customer // '' } // [404, '{}'] };
+	return ($status, $answer, 'req_' . ($customer // 'search'));
+});
 my $node = dispatch_node('hostile', $stripe, "billguard.search_settle_delay = '1h'");
 q1($node, q{INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method)
 	SELECT c, 'cus_' || c, 1000, 'usd', 'pm_card_visa'

@@ -12,12 +12,11 @@
 # replayed from the ledger as it was first answered.
 use strict;
 use warnings;
-use IO::Socket::INET;
-use POSIX ();
 use PostgreSQL::Test::Utils;
 use Test::More;
 use BillguardTest;
 use DispatchScenario;
+use RawHttpServer;
 use ProxyHarness;
 
 # Idempotency-Key prefix => [status, body].
@@ -29,66 +28,18 @@ my %answers = (
 	fine   => [200, '{"id":"pi_fine","object":"payment_intent","status":"succeeded"}'],
 );
 
-# A forking HTTP/1.1 server; answers by the Idempotency-Key's prefix.
-my $requests_file = PostgreSQL::Test::Utils::tempdir() . '/requests';
-package HostileStripe {
-	sub start {
-		my $listen = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0, Listen => 64, ReuseAddr => 1)
-		  or die "listen: $!";
-		my $pid = fork() // die "fork: $!";
-		if ($pid == 0) {
-			$SIG{CHLD} = 'IGNORE';
-			while (my $client = $listen->accept) {
-				next if fork();
-				serve($client);
-				POSIX::_exit(0);
-			}
-			POSIX::_exit(0);
-		}
-		return bless { pid => $pid, port => $listen->sockport }, shift;
-	}
-	sub serve {
-		my ($client) = @_;
-		my $buffer = '';
-		while (1) {
-			while ($buffer !~ /\r\n\r\n/) {
-				sysread($client, $buffer, 65536, length $buffer) or return;
-			}
-			my ($head, $rest) = split /\r\n\r\n/, $buffer, 2;
-			my ($length) = $head =~ /^content-length:\s*(\d+)/mi;
-			$length //= 0;
-			while (length($rest) < $length) {
-				sysread($client, $rest, 65536, length $rest) or return;
-			}
-			$buffer = substr($rest, $length);
-			open(my $log, '>>', $requests_file) or die;
-			print $log "request\n";
-			close $log;
-			my ($prefix) = $head =~ /^idempotency-key:\s*([a-z0-9]+)-/mi;
-			my ($status, $answer) = @{ $answers{ $prefix // '' } // [404, '{}'] };
-			my $out = "HTTP/1.1 $status X\r\nContent-Type: application/json\r\nRequest-Id: req_hostile\r\n"
-			  . 'Content-Length: ' . length($answer) . "\r\n\r\n" . $answer;
-			while (length $out) {
-				my $written = syswrite($client, $out) // return;
-				substr($out, 0, $written) = '';
-			}
-		}
-	}
-	sub url { my ($self, $path) = @_; return "http://127.0.0.1:$self->{port}$path" }
-	# How many requests it was sent.
-	sub requests { open(my $log, '<', $requests_file) or return 0; my @lines = <$log>; return scalar @lines }
-	sub stop { my ($self) = @_; kill 'KILL', $self->{pid}; waitpid($self->{pid}, 0) }
-}
-
 sub peak_resident_kib {
 	my ($pid) = @_;
 	my ($kib) = slurp_file("/proc/$pid/status") =~ /^VmHWM:\s*(\d+) kB/m;
 	return $kib;
 }
 
-my $stripe = HostileStripe->start;
-my $server_pid = $$;
-END { kill 'KILL', $stripe->{pid} if $stripe && $$ == $server_pid }
+# Stripe's stand-in answers by the Idempotency-Key's prefix.
+my $stripe = RawHttpServer->start(sub {
+	my ($head) = @_;
+	my ($prefix) = $head =~ /^idempotency-key:\s*([a-z0-9]+)-/mi;
+	return (@{ $answers{ $prefix // '' } // [404, '{}'] }, 'req_hostile');
+});
 my $node = billguard_node('proxy_hostile');
 my $proxy = ProxyHarness->start(conninfo => $node->connstr('postgres'), upstream => $stripe->url(''));
 my $key = $proxy->issue_key(billing_period => '2026-08', period_usd_cap => 1000);
