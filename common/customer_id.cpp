@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "key_derivation.hpp"
+#include "utf8.hpp"
 
 namespace billguard {
 
@@ -57,45 +58,6 @@ constexpr CodePointRange kBlankOrInvisible[] = {
 // Control characters (Cc): C0, DEL and C1.
 bool IsControl(char32_t c) {
   return c < 0x20 || (c >= 0x7F && c <= 0x9F);
-}
-
-// Decodes one UTF-8 sequence at text[*position], advancing *position;
-// nothing for malformed, overlong or surrogate sequences.
-std::optional<char32_t> NextCodePoint(std::string_view text, std::size_t* position) {
-  const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(text[i]); };
-  const unsigned char lead = byte(*position);
-  int length = 0;
-  char32_t value = 0;
-  char32_t smallest = 0;
-  if (lead < 0x80) {
-    length = 1;
-    value = lead;
-  } else if (lead >= 0xC2 && lead <= 0xDF) {
-    length = 2;
-    value = lead & 0x1F;
-    smallest = 0x80;
-  } else if (lead >= 0xE0 && lead <= 0xEF) {
-    length = 3;
-    value = lead & 0x0F;
-    smallest = 0x800;
-  } else if (lead >= 0xF0 && lead <= 0xF4) {
-    length = 4;
-    value = lead & 0x07;
-    smallest = 0x10000;
-  } else {
-    return std::nullopt;
-  }
-  if (text.size() - *position < static_cast<std::size_t>(length)) return std::nullopt;
-  for (int i = 1; i < length; ++i) {
-    const unsigned char next = byte(*position + i);
-    if ((next & 0xC0) != 0x80) return std::nullopt;
-    value = (value << 6) | (next & 0x3F);
-  }
-  if (value < smallest || value > 0x10FFFF || (value >= 0xD800 && value <= 0xDFFF)) {
-    return std::nullopt;
-  }
-  *position += length;
-  return value;
 }
 
 }  // namespace

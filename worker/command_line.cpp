@@ -77,10 +77,10 @@ std::string ParseUsd(const std::string& flag, const std::string& value) {
   const auto digits = [](const std::string& text) {
     return text.find_first_not_of("0123456789") == std::string::npos;
   };
+  const double usd = std::strtod(value.c_str(), nullptr);
   const bool valid = !whole.empty() && whole.size() <= 14 && digits(whole) && digits(cents) &&
                      (point == std::string::npos || (cents.size() >= 1 && cents.size() <= 2)) &&
-                     std::strtod(value.c_str(), nullptr) > 0 &&
-                     std::strtod(value.c_str(), nullptr) <= 1e13;
+                     usd > 0 && usd <= 1e13;
   if (!valid) {
     throw UsageError(flag + " must be a positive USD amount of whole cents up to " +
                      "10000000000000, e.g. 5000.00, got \"" + value + "\"");
