@@ -4852,3 +4852,125 @@ COMMENT ON FUNCTION billguard.issue_vault_key(text, text, numeric, text[], times
 REVOKE ALL ON FUNCTION
   billguard.vault_issue_key(text, text, numeric, text[], timestamptz, boolean, numeric),
   billguard.issue_vault_key(text, text, numeric, text[], timestamptz, boolean, numeric) FROM PUBLIC;
+
+-- ==== Every function is labelled as its body earns: IMMUTABLE and STABLE functions are PARALLEL SAFE ====
+-- PostgreSQL's own rule (opr_sanity) is that an IMMUTABLE function is never
+-- PARALLEL UNSAFE. stripe_event_json loses its EXCEPTION block (a
+-- subtransaction is an error in a parallel query): ingest_stripe_event
+-- reports a payload that is not JSON, with the same 22023 as before.
+ALTER FUNCTION billguard.error_text(jsonb) PARALLEL SAFE;
+ALTER FUNCTION billguard.events(text, bigint, bigint, bigint) PARALLEL SAFE;
+ALTER FUNCTION billguard.entity_state(text) PARALLEL SAFE;
+ALTER FUNCTION billguard.scheduler_settings() PARALLEL SAFE;
+ALTER FUNCTION billguard.bill_instant(text, integer, integer) PARALLEL SAFE;
+ALTER FUNCTION billguard.scheduler_calendar(timestamptz, integer, integer) PARALLEL SAFE;
+ALTER FUNCTION billguard.current_schedule() PARALLEL SAFE;
+ALTER FUNCTION billguard.issued_after(text, jsonb, timestamptz) PARALLEL SAFE;
+ALTER FUNCTION billguard.never_issued(text, jsonb) PARALLEL SAFE;
+ALTER FUNCTION billguard.due_periods() PARALLEL SAFE;
+ALTER FUNCTION billguard.scheduler_state() PARALLEL SAFE;
+ALTER FUNCTION billguard.written_by_this_transaction(xid) PARALLEL SAFE;
+ALTER FUNCTION billguard.period_status(text) PARALLEL SAFE;
+ALTER FUNCTION billguard.vault_key_status(text) PARALLEL SAFE;
+ALTER FUNCTION billguard.vault_key_request(text, text, numeric, bigint) PARALLEL SAFE;
+
+-- The payload as jsonb, or 22023 naming what keeps it from being a Stripe
+-- event billguard can apply; a payload that is not JSON at all raises the
+-- cast's own error (ingest_stripe_event reports it as 22023). No EXCEPTION
+-- block: a subtransaction would make it unsafe in a parallel query.
+CREATE OR REPLACE FUNCTION billguard.stripe_event_json(payload text) RETURNS jsonb
+  LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+DECLARE
+  event   jsonb := payload::jsonb;
+  object  jsonb;
+  problem text;
+BEGIN
+  object := event -> 'data' -> 'object';
+  problem := CASE
+    WHEN jsonb_typeof(event) IS DISTINCT FROM 'object' THEN 'it is not a JSON object'
+    WHEN coalesce(event ->> 'id', '') !~ '^evt_[A-Za-z0-9_]{1,250}$' THEN 'id is not an event id (evt_...)'
+    WHEN jsonb_typeof(event -> 'type') IS DISTINCT FROM 'string' THEN 'type is missing'
+    WHEN jsonb_typeof(event -> 'created') IS DISTINCT FROM 'number'
+      OR (event ->> 'created') !~ '^[0-9]{1,12}$' THEN 'created is not a unix time'
+    WHEN jsonb_typeof(object) IS DISTINCT FROM 'object' THEN 'data.object is missing'
+  END;
+  IF problem IS NULL AND billguard.stripe_event_outcome(event ->> 'type') IS NOT NULL THEN
+    problem := CASE
+      WHEN object ->> 'object' IS DISTINCT FROM split_part(event ->> 'type', '.', 1)
+        THEN format('data.object is not a %s', split_part(event ->> 'type', '.', 1))
+      WHEN coalesce(object ->> 'id', '') !~ '^(pi|ch)_[A-Za-z0-9_]{1,250}$'
+        THEN 'data.object.id is not a PaymentIntent or Charge id'
+      WHEN jsonb_typeof(object -> 'amount') IS DISTINCT FROM 'number'
+        OR (object ->> 'amount') !~ '^[0-9]{1,15}$' THEN 'data.object.amount is not an amount in cents'
+      WHEN jsonb_typeof(object -> 'currency') IS DISTINCT FROM 'string' THEN 'data.object.currency is missing'
+      WHEN jsonb_typeof(object -> 'metadata') IS DISTINCT FROM 'object' THEN 'data.object.metadata is missing'
+      WHEN object -> 'metadata' ? 'billguard_key'
+       AND coalesce(object -> 'metadata' ->> 'billguard_key', '') !~ '^[0-9a-f]{32}$'
+        THEN 'data.object.metadata.billguard_key is not a billguard key'
+      WHEN event ->> 'type' = 'charge.refunded'
+       AND (jsonb_typeof(object -> 'amount_refunded') IS DISTINCT FROM 'number'
+            OR (object ->> 'amount_refunded') !~ '^[0-9]{1,15}$')
+        THEN 'data.object.amount_refunded is not an amount in cents'
+    END;
+  END IF;
+  IF problem IS NOT NULL THEN
+    RAISE EXCEPTION 'the webhook payload is not a Stripe event billguard can apply: %', problem
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  RETURN event;
+END $$;
+
+-- A delivery of Stripe's webhook endpoint, as billguard-proxy passes it on
+-- (POST /webhooks/stripe): the raw body and the Stripe-Signature header.
+-- Returns the effect on the record (see stripe_events), 'already_seen' for
+-- an event applied before, or 'ignored' for an event about something
+-- billguard did not charge (another type, an object without
+-- metadata.billguard_key). A bad signature, a stale timestamp or a payload
+-- that is not such an event is 22023, a key no record holds P0002, a record
+-- another session keeps locked for 5 s 55P03; nothing changes then.
+CREATE OR REPLACE FUNCTION billguard.ingest_stripe_event(payload text, signature_header text)
+  RETURNS text
+  LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+  -- A session that keeps a record locked must not hold every delivery (and
+  -- the proxy's connections) with it: Stripe delivers a refused one again.
+  SET lock_timeout = '5s'
+  AS $$
+DECLARE
+  event jsonb;
+  key   text;
+  rec   billguard.billing_records;
+BEGIN
+  PERFORM billguard.verify_stripe_signature(payload, signature_header);
+  BEGIN
+    event := billguard.stripe_event_json(payload);
+  EXCEPTION WHEN invalid_text_representation OR untranslatable_character THEN
+    RAISE EXCEPTION 'the webhook payload is not JSON: %', SQLERRM
+      USING ERRCODE = 'invalid_parameter_value';
+  END;
+  key := event -> 'data' -> 'object' -> 'metadata' ->> 'billguard_key';
+  IF billguard.stripe_event_outcome(event ->> 'type') IS NULL OR key IS NULL THEN
+    RETURN 'ignored';
+  END IF;
+  -- The record's lock serialises every event of one billing, and the
+  -- dispatcher's answers with them; a second delivery of the same event
+  -- finds the first one's row once it holds the lock.
+  BEGIN
+    SELECT * INTO rec FROM billguard.billing_records r WHERE r.idempotency_key = key FOR UPDATE;
+  EXCEPTION WHEN lock_not_available THEN
+    RAISE EXCEPTION 'billing record % is locked by another session: event % was not applied',
+                    key, event ->> 'id'
+      USING ERRCODE = 'lock_not_available',
+            HINT = 'Stripe delivers it again later; a transaction left open on the record holds it.';
+  END;
+  IF rec.idempotency_key IS NULL THEN
+    RAISE EXCEPTION 'no billing record has the key % that event % names', key, event ->> 'id'
+      USING ERRCODE = 'no_data_found',
+            HINT = 'The event is for another database or key namespace billing through this Stripe account.';
+  END IF;
+  IF EXISTS (SELECT FROM billguard.stripe_events e WHERE e.event_id = event ->> 'id') THEN
+    RETURN 'already_seen';
+  END IF;
+  RETURN billguard.apply_stripe_event(rec, event);
+END $$;

@@ -110,7 +110,7 @@ CREATE FUNCTION billguard.events(persistence_id text, from_seq_nr bigint DEFAULT
                                  to_seq_nr bigint DEFAULT NULL, max_count bigint DEFAULT NULL)
   RETURNS TABLE (seq_nr bigint, event_type text, event jsonb, event_version integer,
                  written_at timestamptz)
-  LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+  LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   IF events.persistence_id IS NULL THEN
     RAISE EXCEPTION 'persistence_id must not be NULL' USING ERRCODE = 'invalid_parameter_value';

@@ -96,7 +96,7 @@ CREATE FUNCTION billguard.upcast_state(state jsonb, state_version integer) RETUR
   END;
 
 CREATE FUNCTION billguard.entity_state(persistence_id text) RETURNS jsonb
-  LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+  LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   pid    text := entity_state.persistence_id;
   state  jsonb;

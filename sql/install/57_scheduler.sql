@@ -10,7 +10,7 @@
 -- (test-only, superuser-only) or the transaction's start.
 CREATE FUNCTION billguard.scheduler_settings(OUT auto_bill text, OUT bill_day integer,
                                              OUT bill_hour_utc integer, OUT now timestamptz)
-  LANGUAGE c STABLE
+  LANGUAGE c STABLE PARALLEL SAFE
   SET search_path = pg_catalog, pg_temp
   AS 'MODULE_PATHNAME', 'billguard_scheduler_settings';
 
@@ -19,7 +19,7 @@ CREATE FUNCTION billguard.scheduler_settings(OUT auto_bill text, OUT bill_day in
 CREATE FUNCTION billguard.bill_instant(billing_period text, bill_day integer,
                                        bill_hour_utc integer)
   RETURNS timestamptz
-  LANGUAGE sql STABLE
+  LANGUAGE sql STABLE PARALLEL SAFE
   SET search_path = pg_catalog, pg_temp
   RETURN (to_date(billing_period, 'YYYY-MM') + interval '1 month'
           + make_interval(days => bill_day - 1, hours => bill_hour_utc)) AT TIME ZONE 'UTC';
@@ -31,7 +31,7 @@ CREATE FUNCTION billguard.scheduler_calendar(at timestamptz, bill_day integer,
                                              bill_hour_utc integer,
                                              OUT due_period text, OUT due_at timestamptz,
                                              OUT next_due_at timestamptz)
-  LANGUAGE plpgsql STABLE
+  LANGUAGE plpgsql STABLE PARALLEL SAFE
   SET search_path = pg_catalog, pg_temp
   AS $$
 DECLARE
@@ -57,7 +57,7 @@ END $$;
 CREATE FUNCTION billguard.current_schedule(OUT auto_bill text, OUT bill_day integer,
                                            OUT bill_hour_utc integer, OUT due_period text,
                                            OUT due_at timestamptz, OUT next_due_at timestamptz)
-  LANGUAGE sql STABLE
+  LANGUAGE sql STABLE PARALLEL SAFE
   SET search_path = pg_catalog, pg_temp
   BEGIN ATOMIC
     SELECT s.auto_bill, s.bill_day, s.bill_hour_utc, c.due_period, c.due_at, c.next_due_at
@@ -73,7 +73,7 @@ CREATE FUNCTION billguard.current_schedule(OUT auto_bill text, OUT bill_day inte
 -- count: it keeps no due period from being billed.
 CREATE FUNCTION billguard.issued_after(due_period text, issued jsonb, at timestamptz)
   RETURNS text
-  LANGUAGE sql STABLE
+  LANGUAGE sql STABLE PARALLEL SAFE
   SET search_path = pg_catalog, pg_temp
   RETURN (SELECT max(i.period COLLATE "C")
             FROM jsonb_array_elements_text(coalesce(issued, '[]'::jsonb)) AS i(period)
@@ -168,7 +168,7 @@ END $$;
 -- calendar went back behind it, see issued_after()).
 CREATE FUNCTION billguard.never_issued(due_period text, issued jsonb)
   RETURNS text[]
-  LANGUAGE sql STABLE
+  LANGUAGE sql STABLE PARALLEL SAFE
   SET search_path = pg_catalog, pg_temp
   RETURN (SELECT coalesce(array_agg(to_char(m, 'YYYY-MM') ORDER BY m), '{}')
             FROM generate_series(
@@ -185,7 +185,7 @@ CREATE FUNCTION billguard.never_issued(due_period text, issued jsonb)
 -- what bill_customer claimed of it already.
 CREATE FUNCTION billguard.due_periods()
   RETURNS TABLE (billing_period text, due_at timestamptz, records bigint, scheduled boolean)
-  LANGUAGE plpgsql STABLE SECURITY DEFINER
+  LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY DEFINER
   SET search_path = pg_catalog, pg_temp
   AS $$
 #variable_conflict use_column
@@ -225,7 +225,7 @@ CREATE FUNCTION billguard.scheduler_state(
     OUT enabled boolean, OUT bill_day integer, OUT bill_hour_utc integer,
     OUT next_bill_at timestamptz, OUT last_period_issued text,
     OUT last_period_issued_at timestamptz, OUT missed_periods bigint)
-  LANGUAGE plpgsql STABLE SECURITY DEFINER
+  LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY DEFINER
   SET search_path = pg_catalog, pg_temp
   AS $$
 DECLARE

@@ -49,7 +49,7 @@ CREATE FUNCTION billguard.await_terminal_commit(customer_id text, billing_period
 
 -- Whether the caller's open transaction wrote this row version.
 CREATE FUNCTION billguard.written_by_this_transaction(row_xmin xid) RETURNS boolean
-  LANGUAGE c STABLE STRICT
+  LANGUAGE c STABLE STRICT PARALLEL SAFE
   SET search_path = pg_catalog, pg_temp
   AS 'MODULE_PATHNAME', 'billguard_written_by_this_transaction';
 

@@ -6,7 +6,7 @@
 -- always listed.
 CREATE FUNCTION billguard.period_status(billing_period text)
   RETURNS TABLE (status text, count bigint, amount_cents numeric, currency text)
-  LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+  LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 BEGIN
   PERFORM billguard.check_billing_period(period_status.billing_period);

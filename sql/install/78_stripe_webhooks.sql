@@ -67,22 +67,18 @@ CREATE FUNCTION billguard.stripe_event_outcome(event_type text) RETURNS text
   END;
 
 -- The payload as jsonb, or 22023 naming what keeps it from being a Stripe
--- event billguard can apply.
+-- event billguard can apply; a payload that is not JSON at all raises the
+-- cast's own error (ingest_stripe_event reports it as 22023). No EXCEPTION
+-- block: a subtransaction would make it unsafe in a parallel query.
 CREATE FUNCTION billguard.stripe_event_json(payload text) RETURNS jsonb
-  LANGUAGE plpgsql IMMUTABLE
+  LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
   SET search_path = pg_catalog, pg_temp
   AS $$
 DECLARE
-  event   jsonb;
+  event   jsonb := payload::jsonb;
   object  jsonb;
   problem text;
 BEGIN
-  BEGIN
-    event := payload::jsonb;
-  EXCEPTION WHEN invalid_text_representation OR untranslatable_character THEN
-    RAISE EXCEPTION 'the webhook payload is not JSON: %', SQLERRM
-      USING ERRCODE = 'invalid_parameter_value';
-  END;
   object := event -> 'data' -> 'object';
   problem := CASE
     WHEN jsonb_typeof(event) IS DISTINCT FROM 'object' THEN 'it is not a JSON object'
@@ -253,7 +249,12 @@ DECLARE
   rec   billguard.billing_records;
 BEGIN
   PERFORM billguard.verify_stripe_signature(payload, signature_header);
-  event := billguard.stripe_event_json(payload);
+  BEGIN
+    event := billguard.stripe_event_json(payload);
+  EXCEPTION WHEN invalid_text_representation OR untranslatable_character THEN
+    RAISE EXCEPTION 'the webhook payload is not JSON: %', SQLERRM
+      USING ERRCODE = 'invalid_parameter_value';
+  END;
   key := event -> 'data' -> 'object' -> 'metadata' ->> 'billguard_key';
   IF billguard.stripe_event_outcome(event ->> 'type') IS NULL OR key IS NULL THEN
     RETURN 'ignored';

@@ -129,7 +129,7 @@ CREATE FUNCTION billguard.vault_key_status(key_id text)
                  cap_cents bigint, settled_cents bigint, reserved_cents bigint,
                  remaining_cents bigint, allowed_endpoints text[], livemode boolean,
                  expires_at timestamptz, revoked_at timestamptz, created_at timestamptz)
-  LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+  LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   RETURN QUERY
     SELECT k.vendor, k.billing_period, k.currency, round(s.cap_cents / 100.0, 2), s.cap_cents,

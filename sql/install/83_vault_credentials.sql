@@ -45,7 +45,7 @@ COMMENT ON TABLE billguard.vault_credentials IS
 CREATE FUNCTION billguard.vault_key_request(billing_period text, endpoint text, headroom numeric,
                                             existing_cap_cents bigint DEFAULT NULL)
   RETURNS TABLE (body jsonb, cap_cents bigint)
-  LANGUAGE plpgsql STABLE
+  LANGUAGE plpgsql STABLE PARALLEL SAFE
   SET search_path = pg_catalog, pg_temp
   AS $$
 DECLARE
