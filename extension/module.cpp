@@ -48,6 +48,9 @@ char* webhook_secret_file = nullptr;
 
 namespace {
 
+// How long Stripe promises to remember an idempotency key.
+constexpr int kStripeKeyLifetimeSeconds = 24 * 3600;
+
 // The namespace is part of every key: ':' would make keys ambiguous and an
 // empty one would break compatibility with the seed's "akka-billing".
 bool CheckKeyNamespace(char** newval, void** /*extra*/, GucSource /*source*/) {
@@ -123,12 +126,17 @@ void DefineDispatcherSettings() {
   DefineCustomIntVariable("billguard.request_timeout", "Timeout of one Stripe request.", nullptr,
                           &request_timeout_ms, 30000, 100, 600000, PGC_SIGHUP, GUC_UNIT_MS, nullptr,
                           nullptr, nullptr);
+  // At most what Stripe promises: it may prune a key once it is 24 hours
+  // old, and a record trusted longer would be re-sent as a new charge. A
+  // postgresql.conf asking for more is refused at start (the server starts
+  // with the default and logs a WARNING) and at reload (the value in force
+  // stays, and pg_file_settings says why).
   DefineCustomIntVariable(
       "billguard.idempotency_window",
-      "How long after the first dispatch Stripe's idempotency cache is trusted.",
+      "How long after the first dispatch Stripe's idempotency cache is trusted (at most 24 h).",
       "Older records are searched for at Stripe before being re-sent; Stripe keeps keys >= 24 h.",
-      &idempotency_window_s, 23 * 3600, 1, 7 * 24 * 3600, PGC_SIGHUP, GUC_UNIT_S, nullptr, nullptr,
-      nullptr);
+      &idempotency_window_s, 23 * 3600, 1, kStripeKeyLifetimeSeconds, PGC_SIGHUP, GUC_UNIT_S,
+      nullptr, nullptr, nullptr);
   DefineCustomIntVariable(
       "billguard.max_attempts", "Attempts before a record with indeterminate errors needs review.",
       nullptr, &max_attempts, 20, 1, 1000, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
