@@ -18,6 +18,10 @@ CREATE EVENT TRIGGER billguard_protect_history ON ddl_command_start
 -- read-only, and DROP EXTENSION billguard is then allowed. Refused while a
 -- record may still be sent (pending, dispatching, unknown): let those settle,
 -- or cancel the never-sent ones, first. Only the extension's owner can run it.
+-- The archive goes only into a schema it creates (owned by the extension's
+-- owner) or one that owner owns already: whoever owns a schema may drop
+-- every table in it, so a schema another role created beforehand would hand
+-- that role the billing history.
 CREATE FUNCTION billguard.archive_history(archive_schema text)
   RETURNS TABLE (archived_table text, row_count bigint)
   LANGUAGE plpgsql
@@ -26,6 +30,8 @@ CREATE FUNCTION billguard.archive_history(archive_schema text)
 DECLARE
   extension oid := (SELECT e.oid FROM pg_extension e WHERE e.extname = 'billguard');
   history regclass[] := (SELECT e.extconfig FROM pg_extension e WHERE e.oid = extension);
+  extension_owner oid := (SELECT e.extowner FROM pg_extension e WHERE e.oid = extension);
+  schema_owner oid := (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = archive_schema);
   unsettled bigint;
   dependent record;
   history_table regclass;
@@ -33,6 +39,13 @@ BEGIN
   IF archive_schema IS NULL OR archive_schema IN ('', 'billguard') THEN
     RAISE EXCEPTION 'archive_schema must name a schema other than billguard'
       USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  IF schema_owner <> extension_owner THEN
+    RAISE EXCEPTION 'schema % is owned by %, not by %, the owner of billguard: its owner could drop the archived history',
+                    quote_ident(archive_schema), schema_owner::regrole, extension_owner::regrole
+      USING ERRCODE = 'insufficient_privilege',
+            HINT = format('Name a schema that does not exist: archive_history creates it, owned by %s.',
+                          extension_owner::regrole);
   END IF;
   -- Nothing claims or records while the tables move.
   EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', array_to_string(history, ', '));
@@ -46,7 +59,11 @@ BEGIN
                    'billguard.cancel_record(), then archive.';
   END IF;
 
-  EXECUTE format('CREATE SCHEMA IF NOT EXISTS %I', archive_schema);
+  IF schema_owner IS NULL THEN
+    -- Not IF NOT EXISTS: a schema created since the check above is refused.
+    EXECUTE format('CREATE SCHEMA %I AUTHORIZATION %I', archive_schema,
+                   pg_get_userbyid(extension_owner));
+  END IF;
   EXECUTE format($f$
     CREATE FUNCTION %I.refuse_change() RETURNS trigger LANGUAGE plpgsql AS $body$
     BEGIN
