@@ -5068,3 +5068,248 @@ BEGIN
     RETURN NEXT;
   END LOOP;
 END $$;
+
+-- ==== Schema billguard is no one's but a superuser's, and every call passes exact types ====
+-- CREATE EXTENSION billguard now refuses a schema billguard that exists
+-- already unless a superuser owns it, it is empty and it grants CREATE to
+-- superusers only (05_schema_guard.sql). A database updated here was
+-- installed before that check: the update refuses one whose schema another
+-- role owns or may create in, or that holds functions the extension did not
+-- create (one could be called in place of billguard's, by the dispatcher, as
+-- a superuser). billguard's calls of retry_delay pass its exact types.
+DO $guard$
+DECLARE
+  schema_oid oid := 'billguard'::regnamespace;
+  owner      oid := (SELECT n.nspowner FROM pg_catalog.pg_namespace n WHERE n.oid = schema_oid);
+  may_create text;
+  strangers  text;
+BEGIN
+  IF NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = owner) THEN
+    RAISE EXCEPTION 'schema billguard is owned by %, who is not a superuser', owner::regrole
+      USING ERRCODE = 'insufficient_privilege',
+            DETAIL = 'The owner of a schema can drop what it holds, and add functions to it that billguard''s calls could resolve to.',
+            HINT = 'ALTER SCHEMA billguard OWNER TO a superuser (look at what its owner added to it first), then ALTER EXTENSION billguard UPDATE again.';
+  END IF;
+  SELECT string_agg(CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END, ', ')
+    INTO may_create
+    FROM pg_catalog.pg_namespace n, LATERAL pg_catalog.aclexplode(n.nspacl) a
+   WHERE n.oid = schema_oid AND a.privilege_type = 'CREATE'
+     AND NOT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = a.grantee), false);
+  IF may_create IS NOT NULL THEN
+    RAISE EXCEPTION 'schema billguard grants CREATE to %', may_create
+      USING ERRCODE = 'insufficient_privilege',
+            DETAIL = 'A role that can create functions in schema billguard could have one of them called in place of billguard''s.',
+            HINT = 'REVOKE CREATE ON SCHEMA billguard FROM those roles, then ALTER EXTENSION billguard UPDATE again.';
+  END IF;
+  SELECT string_agg(p.oid::regprocedure::text, ', ' ORDER BY p.oid::regprocedure::text) INTO strangers
+    FROM pg_catalog.pg_proc p
+   WHERE p.pronamespace = schema_oid
+     AND NOT EXISTS (SELECT FROM pg_catalog.pg_depend d
+                      WHERE d.classid = 'pg_catalog.pg_proc'::regclass AND d.objid = p.oid
+                        AND d.refclassid = 'pg_catalog.pg_extension'::regclass AND d.deptype = 'e');
+  IF strangers IS NOT NULL THEN
+    RAISE EXCEPTION 'schema billguard holds functions billguard did not create: %', strangers
+      USING ERRCODE = 'insufficient_privilege',
+            DETAIL = 'One of them could be called in place of billguard''s own.',
+            HINT = 'Look at them and drop them, then ALTER EXTENSION billguard UPDATE again.';
+  END IF;
+END $guard$;
+
+-- Records a batch of answers the dispatcher read and judged
+-- (common/stripe_response.cpp), in one statement: answers is a JSON array of
+-- {key, attempt, search, outcome, http_status, charge_id, replayed,
+-- request_id, error_type, error_code, decline_code, message, body_excerpt}.
+-- What each outcome does to its record, and the event it journals (every
+-- event that records an answer carries Stripe's Request-Id, what Stripe
+-- support asks for):
+--   an answer to a charge:
+--     completed     charged: charge_id                      BillingCompleted
+--     failed        not charged (a decline, a 4xx)           BillingFailed, terminal
+--     retry         again after retry_delay(attempt)         BillingFailed, not terminal
+--     throttled     a 429 or 409: the same, backoff capped at a minute
+--     unknown       a cached 500: search after settle_delay,
+--                   unknown_cycles + 1                       ChargeUnknown
+--     needs_review  a person must look; never re-sent        NeedsReview
+--     blocked       refused by billguard-proxy's spend cap (nothing was
+--                   sent upstream); terminal, never re-sent   BillingBlocked
+--     paused        the API key was refused: not counted     -
+--     not_sent      never left: not counted, due again (the
+--                   dispatcher holds off while Stripe is
+--                   unreachable)                             ChargeNotSent
+--   an answer to a search for the record's charge:
+--     completed     found charged: charge_id                 ChargeReconciled
+--     absent        not found: nothing changes, the dispatcher sends the
+--                   charge now with the same key and lease
+--     needs_review  not found after max_unknown_cycles indeterminate
+--                   answers: re-sending would only get the cached 500
+--                   replayed; never re-sent                  NeedsReview
+--     retry         the search told nothing: unknown, again after retry_delay
+--     paused        the API key was refused: unknown, not counted
+--     not_sent      never left: the same
+-- A settled record (completed, failed, needs_review, blocked) leaves the dispatch
+-- queue: its next_attempt_at becomes NULL. One result per answer, in
+-- order: 'recorded', or 'stale' when the record is no longer that attempt's
+-- (its lease was taken over, an operator requeued it: a late answer must not
+-- overwrite a newer state), or 'locked' when another session holds its row:
+-- the dispatcher never waits for a row, so one held lock cannot halt all
+-- billing (see missed_attempt). Rows are found by their primary key alone,
+-- the one plan whatever the statistics say (after a crash they say the
+-- table is empty): the planner is held to index lookups in nested loops.
+CREATE OR REPLACE FUNCTION billguard.record_answers(answers jsonb, settle_delay interval)
+  RETURNS TABLE (recorded text)
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  SET enable_seqscan = off
+  SET enable_hashjoin = off
+  SET enable_mergejoin = off
+  AS $$
+#variable_conflict use_column
+DECLARE
+  unknown_outcome text;
+BEGIN
+  SELECT a.search || '/' || a.outcome INTO unknown_outcome
+    FROM jsonb_to_recordset(answers) AS a(search boolean, outcome text)
+   WHERE NOT coalesce(a.search IS NOT NULL AND a.outcome IN ('completed', 'retry', 'paused', 'not_sent')
+                       OR a.search = false AND a.outcome IN ('failed', 'throttled', 'unknown', 'needs_review', 'blocked')
+                       OR a.search AND a.outcome IN ('absent', 'needs_review'), false)
+   LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION 'no such outcome of an answer (search/outcome): %', unknown_outcome
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  RETURN QUERY
+  WITH answer AS (
+    SELECT *
+      FROM ROWS FROM (jsonb_to_recordset(answers) AS (
+             key text, attempt integer, search boolean, outcome text, http_status integer,
+             charge_id text, replayed boolean, request_id text, error_type text, error_code text,
+             decline_code text, message text, body_excerpt text))
+           WITH ORDINALITY AS a(key, attempt, search, outcome, http_status, charge_id, replayed,
+                                request_id, error_type, error_code, decline_code, message,
+                                body_excerpt, position)
+  ), locked AS (
+    SELECT r.idempotency_key, r.customer_id, r.billing_period, r.status, r.attempts
+      FROM billguard.billing_records r
+     WHERE r.idempotency_key IN (SELECT a.key FROM answer a)
+       FOR UPDATE SKIP LOCKED
+  ), mine AS (   -- the answers whose attempt is still their record's
+    SELECT a.*, l.customer_id, l.billing_period,
+           CASE WHEN a.search THEN 'search ' ELSE '' END || a.outcome AS what,
+           jsonb_strip_nulls(jsonb_build_object(
+             'http_status', nullif(a.http_status, 0), 'type', a.error_type, 'code', a.error_code,
+             'decline_code', a.decline_code, 'message', a.message, 'body', a.body_excerpt,
+             'request_id', a.request_id, 'attempt', a.attempt)) AS detail
+      FROM answer a
+      JOIN locked l ON l.idempotency_key = a.key AND l.status = 'dispatching' AND l.attempts = a.attempt
+  ), effect AS (
+    SELECT m.key, m.customer_id, m.billing_period, m.what,
+           CASE WHEN m.what IN ('completed', 'search completed') THEN m.charge_id END AS charge_id,
+           CASE m.what
+             WHEN 'completed' THEN 'completed' WHEN 'search completed' THEN 'completed'
+             WHEN 'failed' THEN 'failed' WHEN 'needs_review' THEN 'needs_review'
+             WHEN 'search needs_review' THEN 'needs_review'
+             WHEN 'blocked' THEN 'blocked'
+             WHEN 'retry' THEN 'pending' WHEN 'throttled' THEN 'pending'
+             WHEN 'paused' THEN 'pending' WHEN 'not_sent' THEN 'pending'
+             WHEN 'search absent' THEN NULL   -- nothing changes
+             ELSE 'unknown'                   -- unknown, search retry, search paused, search not_sent
+           END AS status,
+           -- an attempt that provably charged nothing and told nothing does not count
+           CASE WHEN m.outcome IN ('paused', 'not_sent') THEN -1 ELSE 0 END AS attempts_delta,
+           CASE m.what
+             WHEN 'retry' THEN now() + billguard.retry_delay(m.attempt, 900::double precision)
+             -- a rate limit or a key still in use backs off a minute at most
+             WHEN 'throttled' THEN now() + billguard.retry_delay(m.attempt, 60::double precision)
+             -- search is eventually consistent: "absent" only after the settle delay
+             WHEN 'unknown' THEN now() + settle_delay
+             WHEN 'search retry' THEN now() + billguard.retry_delay(m.attempt, 900::double precision)
+             WHEN 'paused' THEN now() WHEN 'not_sent' THEN now()
+             WHEN 'search paused' THEN now() WHEN 'search not_sent' THEN now()
+           END AS next_attempt_at,   -- NULL: settled, out of the queue
+           m.what IN ('paused', 'search paused', 'search not_sent') AS keeps_error,
+           CASE
+             WHEN m.what IN ('completed', 'search completed') THEN NULL
+             WHEN m.what = 'not_sent' THEN 'not sent: ' || m.message
+             WHEN m.what IN ('search retry', 'search needs_review') THEN m.message
+             ELSE billguard.error_text(m.detail)
+           END AS last_error,
+           CASE m.what
+             WHEN 'completed' THEN 'BillingCompleted' WHEN 'search completed' THEN 'ChargeReconciled'
+             WHEN 'failed' THEN 'BillingFailed' WHEN 'retry' THEN 'BillingFailed'
+             WHEN 'throttled' THEN 'BillingFailed' WHEN 'unknown' THEN 'ChargeUnknown'
+             WHEN 'needs_review' THEN 'NeedsReview' WHEN 'not_sent' THEN 'ChargeNotSent'
+             WHEN 'search needs_review' THEN 'NeedsReview'
+             WHEN 'blocked' THEN 'BillingBlocked'
+           END AS event_type,
+           CASE m.what
+             WHEN 'completed' THEN jsonb_strip_nulls(jsonb_build_object(
+               'charge_id', m.charge_id, 'replayed', coalesce(m.replayed, false),
+               'http_status', m.http_status, 'attempt', m.attempt, 'request_id', m.request_id))
+             WHEN 'search completed' THEN jsonb_strip_nulls(jsonb_build_object(
+               'charge_id', m.charge_id, 'via', 'search', 'attempt', m.attempt,
+               'request_id', m.request_id))
+             WHEN 'failed' THEN m.detail || jsonb_build_object('terminal', true)
+             WHEN 'retry' THEN m.detail || jsonb_build_object('terminal', false)
+             WHEN 'throttled' THEN m.detail || jsonb_build_object('terminal', false)
+             WHEN 'unknown' THEN m.detail
+             WHEN 'needs_review' THEN m.detail
+             WHEN 'search needs_review' THEN m.detail || jsonb_build_object('via', 'search')
+             WHEN 'blocked' THEN m.detail
+             WHEN 'not_sent' THEN jsonb_build_object('attempt', m.attempt, 'message', m.message)
+           END AS event
+      FROM mine m
+  ), updated AS (
+    UPDATE billguard.billing_records r
+       SET status = e.status,
+           attempts = r.attempts + e.attempts_delta,
+           unknown_cycles = CASE WHEN e.what = 'unknown'
+                                 THEN least(coalesce(r.unknown_cycles, 0) + 1, 32767)
+                                 ELSE r.unknown_cycles END,
+           next_attempt_at = e.next_attempt_at,
+           lease_expires_at = NULL,
+           last_error = CASE WHEN e.keeps_error THEN r.last_error ELSE e.last_error END,
+           charge_id = coalesce(e.charge_id, r.charge_id),
+           completed_at = CASE WHEN e.status = 'completed' THEN now() ELSE r.completed_at END,
+           updated_at = now()
+      FROM effect e
+     WHERE r.idempotency_key = e.key AND e.status IS NOT NULL
+  ), journaled AS (
+    -- The record's row lock serialises all writers of its entity, so
+    -- max + 1 cannot race.
+    INSERT INTO billguard.journal (persistence_id, seq_nr, customer_id, event_type, event)
+    SELECT p.id,
+           coalesce((SELECT max(j.seq_nr) FROM billguard.journal j WHERE j.persistence_id = p.id), 0) + 1,
+           e.customer_id, e.event_type, e.event
+      FROM effect e
+     CROSS JOIN LATERAL (SELECT 'billing-' || e.customer_id || '-' || e.billing_period AS id) p
+     WHERE e.event_type IS NOT NULL
+  )
+  SELECT CASE WHEN a.position IN (SELECT m.position FROM mine m) THEN 'recorded'
+              WHEN a.key IN (SELECT l.idempotency_key FROM locked l) THEN 'stale'
+              ELSE billguard.missed_attempt(a.key, a.attempt)
+         END
+    FROM answer a
+   ORDER BY a.position;
+END $$;
+
+-- One answer to a search for the record's charge (see record_answers).
+CREATE OR REPLACE FUNCTION billguard.record_search_result(
+    key text, attempt integer, outcome text, http_status integer, charge_id text,
+    request_id text, message text)
+  RETURNS text
+  LANGUAGE sql
+  SET search_path = pg_catalog, pg_temp
+  RETURN (SELECT a.recorded FROM billguard.record_answers(jsonb_build_array(jsonb_build_object(
+            'key', key, 'attempt', attempt, 'search', true, 'outcome', outcome,
+            'http_status', http_status, 'charge_id', charge_id, 'request_id', request_id,
+            'message', message)),
+          NULL::interval) a);
+
+-- Deactivating an account withdraws its billings that were never sent.
+-- SECURITY DEFINER: whoever maintains accounts need not write billing_records.
+CREATE OR REPLACE FUNCTION billguard.cancel_unsent_of_deactivated() RETURNS trigger
+  LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  PERFORM billguard.cancel_unsent(NEW.customer_id, NULL::text, 'account deactivated');
+  RETURN NULL;
+END $$;

@@ -289,12 +289,12 @@ BEGIN
            -- an attempt that provably charged nothing and told nothing does not count
            CASE WHEN m.outcome IN ('paused', 'not_sent') THEN -1 ELSE 0 END AS attempts_delta,
            CASE m.what
-             WHEN 'retry' THEN now() + billguard.retry_delay(m.attempt, 900)
+             WHEN 'retry' THEN now() + billguard.retry_delay(m.attempt, 900::double precision)
              -- a rate limit or a key still in use backs off a minute at most
-             WHEN 'throttled' THEN now() + billguard.retry_delay(m.attempt, 60)
+             WHEN 'throttled' THEN now() + billguard.retry_delay(m.attempt, 60::double precision)
              -- search is eventually consistent: "absent" only after the settle delay
              WHEN 'unknown' THEN now() + settle_delay
-             WHEN 'search retry' THEN now() + billguard.retry_delay(m.attempt)
+             WHEN 'search retry' THEN now() + billguard.retry_delay(m.attempt, 900::double precision)
              WHEN 'paused' THEN now() WHEN 'not_sent' THEN now()
              WHEN 'search paused' THEN now() WHEN 'search not_sent' THEN now()
            END AS next_attempt_at,   -- NULL: settled, out of the queue
@@ -390,7 +390,7 @@ CREATE FUNCTION billguard.record_search_result(
             'key', key, 'attempt', attempt, 'search', true, 'outcome', outcome,
             'http_status', http_status, 'charge_id', charge_id, 'request_id', request_id,
             'message', message)),
-          NULL) a);
+          NULL::interval) a);
 
 -- Returns a claimed record that was never sent to the queue (the dispatcher
 -- paused before sending it): the attempt does not count, and the record is

@@ -71,7 +71,7 @@ COMMENT ON FUNCTION billguard.cancel_record(text, text) IS
 CREATE FUNCTION billguard.cancel_unsent_of_deactivated() RETURNS trigger
   LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-  PERFORM billguard.cancel_unsent(NEW.customer_id, NULL, 'account deactivated');
+  PERFORM billguard.cancel_unsent(NEW.customer_id, NULL::text, 'account deactivated');
   RETURN NULL;
 END $$;
 
