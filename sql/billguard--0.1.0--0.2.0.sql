@@ -5313,3 +5313,15 @@ BEGIN
   PERFORM billguard.cancel_unsent(NEW.customer_id, NULL::text, 'account deactivated');
   RETURN NULL;
 END $$;
+
+-- ==== The account guards hold for logical replication's apply worker ====
+-- The apply worker of a subscription runs with session_replication_role =
+-- replica, in which ordinary triggers do not fire: a rename or delete of a
+-- billed account at the publisher went through, and the next bill_period
+-- charged the same customer again. The triggers of accounts and currencies
+-- now fire always; a refused change stalls the subscription instead.
+ALTER TABLE billguard.currencies ENABLE ALWAYS TRIGGER currencies_user_rows;
+ALTER TABLE billguard.accounts ENABLE ALWAYS TRIGGER accounts_updated_at;
+ALTER TABLE billguard.accounts ENABLE ALWAYS TRIGGER accounts_keep_billed_ids;
+ALTER TABLE billguard.accounts ENABLE ALWAYS TRIGGER accounts_keep_billed_rows;
+ALTER TABLE billguard.accounts ENABLE ALWAYS TRIGGER accounts_deactivated;

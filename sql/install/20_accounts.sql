@@ -55,6 +55,10 @@ END $$;
 
 CREATE TRIGGER currencies_user_rows BEFORE INSERT OR UPDATE ON billguard.currencies
   FOR EACH ROW EXECUTE FUNCTION billguard.keep_user_currency();
+-- The triggers of currencies and accounts fire whoever writes the row,
+-- logical replication's apply worker too: it runs with
+-- session_replication_role = replica, in which ordinary triggers do not.
+ALTER TABLE billguard.currencies ENABLE ALWAYS TRIGGER currencies_user_rows;
 
 CREATE TABLE billguard.accounts (
   customer_id     text PRIMARY KEY,
@@ -127,3 +131,11 @@ CREATE TRIGGER accounts_keep_billed_ids BEFORE UPDATE OF customer_id OR DELETE O
   FOR EACH ROW EXECUTE FUNCTION billguard.refuse_billed_account_change();
 CREATE TRIGGER accounts_keep_billed_rows BEFORE TRUNCATE ON billguard.accounts
   FOR EACH STATEMENT EXECUTE FUNCTION billguard.refuse_billed_account_change();
+-- accounts kept in sync by a subscription (a CRM publishing its customers):
+-- a rename or delete at the source must be refused here too, or the next
+-- bill_period charges the same customer again under the new id. The apply
+-- worker then fails on that transaction and retries it: replication stalls
+-- rather than billing twice (see the README's Accounts).
+ALTER TABLE billguard.accounts ENABLE ALWAYS TRIGGER accounts_updated_at;
+ALTER TABLE billguard.accounts ENABLE ALWAYS TRIGGER accounts_keep_billed_ids;
+ALTER TABLE billguard.accounts ENABLE ALWAYS TRIGGER accounts_keep_billed_rows;

@@ -78,3 +78,5 @@ END $$;
 CREATE TRIGGER accounts_deactivated AFTER UPDATE OF active ON billguard.accounts
   FOR EACH ROW WHEN (OLD.active AND NOT NEW.active)
   EXECUTE FUNCTION billguard.cancel_unsent_of_deactivated();
+-- Also when the apply worker of a subscription deactivates the account.
+ALTER TABLE billguard.accounts ENABLE ALWAYS TRIGGER accounts_deactivated;
