@@ -111,11 +111,13 @@ class Scheduler {
     } else if (outcome == "already_issued") {
       Log(LOG, due + " was issued already" + next);
     } else if (outcome == "passed") {
-      // bill_day or bill_hour_utc moved later took the calendar back a month.
+      // bill_day or bill_hour_utc moved later, or the clock stepped back,
+      // took the calendar back a month.
       Log(WARNING, due +
                        " is not billed: a later period was issued already, and the scheduler never "
-                       "goes back to a period it passed (billguard.due_periods() lists it if it "
-                       "was missed; bill_period bills it deliberately)" +
+                       "goes back to a period it passed (bill_day or bill_hour_utc moved later, or "
+                       "the clock went back; billguard.due_periods() lists it if it was missed; "
+                       "bill_period bills it deliberately)" +
                        next);
     } else {
       Log(WARNING, "billing-scheduler's state does not list " + due +

@@ -5325,3 +5325,376 @@ ALTER TABLE billguard.accounts ENABLE ALWAYS TRIGGER accounts_updated_at;
 ALTER TABLE billguard.accounts ENABLE ALWAYS TRIGGER accounts_keep_billed_ids;
 ALTER TABLE billguard.accounts ENABLE ALWAYS TRIGGER accounts_keep_billed_rows;
 ALTER TABLE billguard.accounts ENABLE ALWAYS TRIGGER accounts_deactivated;
+
+-- ==== The scheduler never bills a period older than one it issued, whatever the clock says now ====
+-- A clock stepped back an hour after the scheduler billed 2026-08 on
+-- 2026-09-01 made 2026-07 the most recent due period, and the scheduler
+-- billed it: a period an earlier system may have charged already. Each
+-- BillingTickIssued now records whether the period's month had ended by
+-- the scheduler's clock (month_ended); billing-scheduler's state lists those
+-- periods (ended_when_issued), and issued_after() takes the state, so that
+-- what was issued, not the clock now, keeps the scheduler from going back.
+DROP FUNCTION billguard.issued_after(text, jsonb, timestamptz);
+-- The latest period after due_period that billing-scheduler's state
+-- (scheduler_state) lists as issued once its month had ended, or NULL. The
+-- scheduler never goes back behind one: moving bill_day or bill_hour_utc
+-- later can take the calendar's due period back a month, to one the
+-- scheduler had passed, and so can a clock stepped back (an hour after the
+-- scheduler billed 2026-08 on 2026-09-01, the calendar says 2026-07 is due).
+-- What counts is the clock when the period was issued (ended_when_issued),
+-- not the clock now. A period issued before its month ended (billed in
+-- advance, or a mistyped year) does not count until its month has ended by
+-- the clock `at`: it keeps no due period from being billed.
+CREATE FUNCTION billguard.issued_after(due_period text, scheduler_state jsonb, at timestamptz)
+  RETURNS text
+  LANGUAGE sql STABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  RETURN (SELECT max(i.period COLLATE "C")
+            FROM jsonb_array_elements_text(coalesce(scheduler_state -> 'issued_periods', '[]'::jsonb))
+                   AS i(period)
+           WHERE i.period COLLATE "C" > due_period
+             AND (coalesce(scheduler_state -> 'ended_when_issued', '[]'::jsonb) ? i.period
+                  OR i.period COLLATE "C" < to_char(at AT TIME ZONE 'UTC', 'YYYY-MM')));
+REVOKE ALL ON FUNCTION billguard.issued_after(text, jsonb, timestamptz) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION billguard.initial_state(persistence_id text) RETURNS jsonb
+  LANGUAGE sql IMMUTABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  RETURN CASE
+    WHEN persistence_id = 'billing-scheduler'
+      THEN jsonb_build_object('entity', 'billing-scheduler', 'issued_periods', '[]'::jsonb,
+                              'last_issued_period', NULL, 'last_issued_at', NULL,
+                              'ended_when_issued', '[]'::jsonb)
+    WHEN persistence_id LIKE 'billing-%'
+      THEN jsonb_build_object('entity', 'billing', 'status', 'new', 'attempts', 0)
+    ELSE jsonb_build_object('entity', 'unknown')
+  END;
+
+-- One step of the fold. Pure: the same events always give the same state.
+CREATE OR REPLACE FUNCTION billguard.apply_event(state jsonb, event_type text, event jsonb) RETURNS jsonb
+  LANGUAGE sql IMMUTABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  RETURN CASE event_type
+    WHEN 'BillingInitiated' THEN state || jsonb_build_object(
+      'status', 'in_progress',
+      'customer_id', event -> 'customer_id',
+      'billing_period', event -> 'billing_period',
+      'idempotency_key', event -> 'idempotency_key',
+      'amount_cents', event -> 'amount_cents',
+      'currency', event -> 'currency',
+      'initiated_at', event -> 'initiated_at')
+    WHEN 'ChargeAttempted' THEN state || jsonb_build_object(
+      'attempts', coalesce(event -> 'attempt', to_jsonb(coalesce((state ->> 'attempts')::int, 0) + 1)))
+    WHEN 'BillingCompleted' THEN state || jsonb_build_object(
+      'status', 'completed', 'charge_id', event -> 'charge_id')
+    WHEN 'ChargeReconciled' THEN state || jsonb_build_object(
+      'status', 'completed', 'charge_id', event -> 'charge_id')
+    WHEN 'ReviewResolved' THEN state || jsonb_build_object(
+      'status', 'completed', 'charge_id', event -> 'charge_id')
+    WHEN 'BillingFailed' THEN state || jsonb_build_object(
+      'status', CASE WHEN (event ->> 'terminal')::boolean THEN 'failed' ELSE state ->> 'status' END,
+      'last_error', event - 'terminal')
+    WHEN 'ChargeUnknown' THEN state || jsonb_build_object('status', 'unknown')
+    WHEN 'NeedsReview' THEN state || jsonb_build_object('status', 'needs_review')
+    WHEN 'BillingBlocked' THEN state || jsonb_build_object('status', 'blocked')
+    WHEN 'RecordRequeued' THEN state || jsonb_build_object('status', 'in_progress')
+    WHEN 'BillingCancelled' THEN state || jsonb_build_object('status', 'cancelled')
+    WHEN 'WebhookApplied' THEN state || jsonb_strip_nulls(jsonb_build_object(
+      'status', CASE WHEN event ->> 'effect' IN ('completed', 'refunded') THEN 'completed'
+                     WHEN event ->> 'effect' = 'failed' THEN 'failed' END,
+      'charge_id', CASE WHEN event ->> 'effect' IN ('completed', 'refunded') THEN event -> 'charge_id' END,
+      -- Stripe's amount refunded so far only grows; its events come in any order.
+      'refunded_cents', CASE WHEN event ->> 'effect' = 'refunded'
+                             THEN to_jsonb(greatest((state ->> 'refunded_cents')::bigint,
+                                                    (event ->> 'amount_refunded_cents')::bigint)) END))
+    WHEN 'BillingTickIssued' THEN jsonb_set(state, '{issued_periods}',
+      CASE WHEN (state -> 'issued_periods') ? (event ->> 'billing_period')
+           THEN state -> 'issued_periods'
+           ELSE coalesce(state -> 'issued_periods', '[]'::jsonb) || jsonb_build_array(event -> 'billing_period')
+      END)
+      || CASE WHEN event ->> 'billing_period' >= coalesce(state ->> 'last_issued_period', '')
+              THEN jsonb_build_object('last_issued_period', event -> 'billing_period',
+                                      'last_issued_at', event -> 'issued_at')
+              ELSE '{}'::jsonb
+         END
+      -- Events before 0.2.0 do not say: their periods count by the clock now.
+      || CASE WHEN coalesce((event ->> 'month_ended')::boolean, false)
+                   AND NOT coalesce(state -> 'ended_when_issued', '[]'::jsonb) ? (event ->> 'billing_period')
+              THEN jsonb_build_object('ended_when_issued',
+                     coalesce(state -> 'ended_when_issued', '[]'::jsonb) || jsonb_build_array(event -> 'billing_period'))
+              ELSE '{}'::jsonb
+         END
+    ELSE state
+  END || jsonb_build_object('last_event_type', event_type);
+
+-- A snapshot's state of an older state_version in the current shape, one
+-- step per version:
+--   1 -> 2  the scheduler entity's last_issued_period is the greatest of its
+--           issued_periods, last_issued_at unknown, ended_when_issued empty
+--           (0.1.0 did not record it: those periods count by the clock now).
+--           A state without issued_periods (a malformed or hand-made
+--           snapshot) gets none: billing_records, not the state, keeps those
+--           periods from being billed twice.
+CREATE OR REPLACE FUNCTION billguard.upcast_state(state jsonb, state_version integer) RETURNS jsonb
+  LANGUAGE sql IMMUTABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  RETURN CASE
+    WHEN state_version >= 2 OR state ->> 'entity' IS DISTINCT FROM 'billing-scheduler' THEN state
+    ELSE state || jsonb_build_object(
+      'issued_periods', coalesce(state -> 'issued_periods', '[]'::jsonb),
+      'last_issued_period',
+        (SELECT max(p.period) FROM jsonb_array_elements_text(
+           coalesce(state -> 'issued_periods', '[]'::jsonb)) AS p(period)),
+      'last_issued_at', NULL,
+      'ended_when_issued', '[]'::jsonb)
+  END;
+
+-- The work of bill_period(); PL/pgSQL cannot name an input and an output
+-- column alike, as bill_period's public signature does. The scheduler's
+-- tick passes search_first_reason when it claims late (see scheduler_tick()):
+-- each record it claims is searched for at Stripe before it is sent.
+CREATE OR REPLACE FUNCTION billguard.claim_period(period text, search_first_reason text DEFAULT NULL)
+  RETURNS TABLE (initiated bigint, already_completed bigint, in_progress bigint, failed bigint,
+                 cancelled bigint)
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  -- The anti-join below reads billing_records while the same statement
+  -- inserts into it; planned as a nested loop over a seq scan (likely while
+  -- the table is new and unanalysed) it would rescan the growing table per
+  -- account. Hash and merge joins keep a large period linear.
+  SET enable_nestloop = off
+  AS $$
+#variable_conflict use_column
+DECLARE
+  ns        text := billguard.key_namespace();
+  scheduler_state jsonb;
+BEGIN
+  PERFORM billguard.check_billing_period(period);
+
+  -- Claims of one period are serialised: bill_period holds the period's
+  -- lock exclusively, bill_customer holds it shared. Once we have it, every
+  -- earlier claim is committed and visible to the next statement, so a plain
+  -- set-based INSERT of the accounts without a record claims each exactly
+  -- once; no per-row speculative insertion, no row-order deadlocks.
+  PERFORM pg_advisory_xact_lock(billguard.period_lock_class(), hashtext(period));
+  BEGIN
+    WITH claimed AS (
+      INSERT INTO billguard.billing_records AS r
+             (customer_id, billing_period, idempotency_key, amount_cents, currency,
+              stripe_customer, payment_method, search_first_reason)
+      SELECT a.customer_id, period, billguard.idempotency_key(a.customer_id, period, ns),
+             a.amount_cents, a.currency, a.stripe_customer, a.payment_method,
+             claim_period.search_first_reason
+        FROM billguard.accounts a
+       WHERE a.active
+         AND NOT EXISTS (SELECT FROM billguard.billing_records e
+                          WHERE e.customer_id = a.customer_id AND e.billing_period = period)
+      RETURNING r.customer_id, r.idempotency_key, r.amount_cents, r.currency, r.created_at
+    ), journaled AS (
+      INSERT INTO billguard.journal (persistence_id, seq_nr, customer_id, event_type, event)
+      SELECT 'billing-' || c.customer_id || '-' || period, 1, c.customer_id, 'BillingInitiated',
+             billguard.billing_initiated_event(c.customer_id, period, c.idempotency_key,
+                                               c.amount_cents, c.currency, c.created_at)
+        FROM claimed c
+      RETURNING 1
+    )
+    SELECT count(*) INTO initiated FROM journaled;
+  EXCEPTION WHEN unique_violation THEN
+    -- Only a REPEATABLE READ / SERIALIZABLE caller whose snapshot predates
+    -- another claim gets here; nothing of this call is kept.
+    RAISE EXCEPTION 'billing records of % were claimed concurrently; retry the transaction', period
+      USING ERRCODE = 'serialization_failure';
+  END;
+
+  -- Every record of the period (others' claims committed before we took the
+  -- lock), whatever its account has become since: period_status's counts.
+  SELECT count(*) FILTER (WHERE r.status = 'completed'),
+         count(*) FILTER (WHERE r.status IN ('pending', 'dispatching', 'unknown', 'needs_review')),
+         count(*) FILTER (WHERE r.status IN ('failed', 'blocked')),
+         count(*) FILTER (WHERE r.status = 'cancelled')
+    INTO already_completed, in_progress, failed, cancelled
+    FROM billguard.billing_records r
+   WHERE r.billing_period = period;
+  in_progress := in_progress - initiated;   -- our own claims are pending too
+
+  -- The first time a period is billed, the scheduler entity records it,
+  -- and whether its month had ended by the scheduler's clock: the scheduler
+  -- never goes back behind such a period, whatever its clock says later
+  -- (see issued_after()). The advisory lock serialises appends to that one
+  -- entity.
+  PERFORM pg_advisory_xact_lock(billguard.scheduler_lock_class(), 0);
+  scheduler_state := billguard.entity_state('billing-scheduler');
+  IF NOT (scheduler_state -> 'issued_periods') ? period THEN
+    PERFORM billguard.append_event('billing-scheduler', (scheduler_state ->> 'seq_nr')::bigint,
+                                   'BillingTickIssued',
+                                   jsonb_build_object('billing_period', period,
+                                                      'issued_at', clock_timestamp(),
+                                                      'month_ended', period COLLATE "C" < to_char(
+                                                        (SELECT s.now FROM billguard.scheduler_settings() s)
+                                                          AT TIME ZONE 'UTC', 'YYYY-MM')));
+  END IF;
+
+  IF initiated > 0 THEN
+    PERFORM billguard.wake_dispatcher();
+  END IF;
+  RETURN NEXT;
+END $$;
+
+-- One tick of the scheduler, in the dispatcher's transaction: bills the most
+-- recent due period unless billing-scheduler has issued it. outcome:
+--   billed          bill_period claimed the accounts without a record
+--   already_issued  BillingTickIssued is in the scheduler's state: nothing
+--   already_billed  the state did not list the period, yet billing_records
+--                   held every record it would claim (a stale or older
+--                   snapshot; or bill_customer for every account): nothing
+--                   was claimed, and the worker logs the inconsistency
+--   busy            a session bills this period right now, or has billed a
+--                   period in a transaction still open (it holds the
+--                   period's lock or billing-scheduler's); the worker tries
+--                   again shortly rather than wait for either lock
+--   passed          a later period was issued already once its month had
+--                   ended: bill_day or bill_hour_utc moved later, or a clock
+--                   stepped back, took the calendar back to a period the
+--                   scheduler had passed (see issued_after()).
+--                   Nothing: billing it is a person's decision (due_periods)
+-- existing counts the period's records from before this tick.
+-- search_first_reason, when the tick claims more than the dispatcher's
+-- billguard.idempotency_window after the period became due: an earlier
+-- system may have charged the period already (a backup restored from before
+-- its tick, a reinstall with the accounts imported again, auto_bill switched
+-- on for a period billed elsewhere), with keys Stripe has pruned since. Each
+-- record claimed carries the reason, and the dispatcher searches for its
+-- charge before sending one (claim_due_records). A person's bill_period of
+-- a past period sends plain charges: see the README's scheduler section.
+CREATE OR REPLACE FUNCTION billguard.scheduler_tick()
+  RETURNS TABLE (billing_period text, outcome text, initiated bigint, existing bigint,
+                 due_at timestamptz, next_due_at timestamptz, search_first_reason text)
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+#variable_conflict use_column
+DECLARE
+  schedule record;
+  claimed  record;
+  state    jsonb;
+  issued   jsonb;
+  tick_at  timestamptz := (SELECT s.now FROM billguard.scheduler_settings() s);
+  trusted  interval := current_setting('billguard.idempotency_window')::interval;
+BEGIN
+  -- A failover must not lose a tick whose claims it replicated.
+  PERFORM set_config('synchronous_commit', 'on', true);
+  SELECT * INTO schedule FROM billguard.current_schedule();
+  billing_period := schedule.due_period;
+  due_at := schedule.due_at;
+  next_due_at := schedule.next_due_at;
+  initiated := 0;
+  existing := 0;
+  -- bill_period takes the same locks: the check and the claim are one step.
+  -- The dispatcher waits for no lock: a session's open transaction must not
+  -- halt all sending of this database.
+  IF NOT pg_try_advisory_xact_lock(billguard.period_lock_class(), hashtext(schedule.due_period))
+     OR NOT pg_try_advisory_xact_lock(billguard.scheduler_lock_class(), 0) THEN
+    outcome := 'busy';
+    RETURN NEXT;
+    RETURN;
+  END IF;
+  state := billguard.entity_state('billing-scheduler');
+  issued := state -> 'issued_periods';
+  IF issued ? schedule.due_period THEN
+    outcome := 'already_issued';
+  ELSIF billguard.issued_after(schedule.due_period, state, tick_at) IS NOT NULL THEN
+    outcome := 'passed';
+  ELSE
+    IF tick_at > schedule.due_at + trusted THEN
+      search_first_reason := format(
+        'the scheduler claimed %s %s after it became due (%s), past billguard.idempotency_window '
+        '(%s): a charge made for it before (a restored backup that lost the tick) may have a key '
+        'Stripe has forgotten',
+        schedule.due_period, justify_hours(date_trunc('second', tick_at - schedule.due_at)),
+        to_char(schedule.due_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI "UTC"'),
+        current_setting('billguard.idempotency_window'));
+    END IF;
+    SELECT * INTO claimed FROM billguard.claim_period(schedule.due_period, search_first_reason);
+    initiated := claimed.initiated;
+    existing := claimed.already_completed + claimed.in_progress + claimed.failed + claimed.cancelled;
+    outcome := CASE WHEN initiated = 0 AND existing > 0 THEN 'already_billed' ELSE 'billed' END;
+    IF initiated = 0 THEN
+      search_first_reason := NULL;   -- no record carries it
+    END IF;
+  END IF;
+  RETURN NEXT;
+END $$;
+
+-- The due periods never issued, with the instant each became due. scheduled:
+-- the scheduler bills it by itself (the most recent, with auto_bill =
+-- monthly, unless a later period was issued: see issued_after()); it never
+-- bills the others: bill each deliberately with bill_period. records counts
+-- what bill_customer claimed of it already.
+CREATE OR REPLACE FUNCTION billguard.due_periods()
+  RETURNS TABLE (billing_period text, due_at timestamptz, records bigint, scheduled boolean)
+  LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY DEFINER
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+#variable_conflict use_column
+DECLARE
+  schedule record;
+  state    jsonb := billguard.entity_state('billing-scheduler');
+  issued   jsonb := coalesce(state -> 'issued_periods', '[]'::jsonb);
+  missed   text[];
+BEGIN
+  SELECT * INTO schedule FROM billguard.current_schedule();
+  missed := billguard.never_issued(schedule.due_period, issued);
+  IF cardinality(missed) = 0 THEN
+    RETURN;    -- no reason to read billing_records
+  END IF;
+  RETURN QUERY
+    SELECT p.period,
+           billguard.bill_instant(p.period, schedule.bill_day, schedule.bill_hour_utc),
+           coalesce(r.records, 0),
+           p.period = schedule.due_period AND schedule.auto_bill = 'monthly'
+             AND billguard.issued_after(p.period, state,
+                                        (SELECT s.now FROM billguard.scheduler_settings() s)) IS NULL
+      FROM unnest(missed) AS p(period)
+      LEFT JOIN (SELECT br.billing_period, count(*) AS records
+                   FROM billguard.billing_records br
+                  WHERE br.billing_period = ANY (missed)
+                  GROUP BY br.billing_period) r ON r.billing_period = p.period
+     ORDER BY p.period;
+END $$;
+
+-- The scheduler as billguard.scheduler_status shows it: enabled, the next
+-- instant it bills (in the past while the most recent due period waits to be
+-- issued), the last period issued and when, and how many due periods the
+-- scheduler will not bill by itself (see due_periods()).
+CREATE OR REPLACE FUNCTION billguard.scheduler_state(
+    OUT enabled boolean, OUT bill_day integer, OUT bill_hour_utc integer,
+    OUT next_bill_at timestamptz, OUT last_period_issued text,
+    OUT last_period_issued_at timestamptz, OUT missed_periods bigint)
+  LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY DEFINER
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+DECLARE
+  schedule record;
+  state    jsonb := billguard.entity_state('billing-scheduler');
+  -- The tick would bill the most recent due period (see scheduler_tick()).
+  scheduled boolean;
+BEGIN
+  SELECT * INTO schedule FROM billguard.current_schedule();
+  enabled := schedule.auto_bill = 'monthly';
+  bill_day := schedule.bill_day;
+  bill_hour_utc := schedule.bill_hour_utc;
+  scheduled := enabled AND NOT (state -> 'issued_periods') ? schedule.due_period
+               AND billguard.issued_after(schedule.due_period, state,
+                                          (SELECT s.now FROM billguard.scheduler_settings() s)) IS NULL;
+  next_bill_at := CASE WHEN NOT enabled THEN NULL
+                       WHEN scheduled THEN schedule.due_at
+                       ELSE schedule.next_due_at END;
+  last_period_issued := state ->> 'last_issued_period';
+  last_period_issued_at := (state ->> 'last_issued_at')::timestamptz;
+  -- Without reading billing_records: the view may be polled.
+  missed_periods := cardinality(array_remove(
+    billguard.never_issued(schedule.due_period,
+                           coalesce(state -> 'issued_periods', '[]'::jsonb)),
+    CASE WHEN scheduled THEN schedule.due_period END));
+END $$;
+

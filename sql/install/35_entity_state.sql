@@ -7,7 +7,9 @@
 -- in upcast_state that brings older snapshots to it: retention deletes the
 -- events a snapshot covers, so an older snapshot cannot be skipped.
 --   1  0.1.0
---   2  the scheduler entity keeps last_issued_period and last_issued_at
+--   2  the scheduler entity keeps last_issued_period and last_issued_at, and
+--      ended_when_issued: the issued periods whose month had ended when
+--      they were issued
 CREATE FUNCTION billguard.state_version() RETURNS integer
   LANGUAGE sql IMMUTABLE PARALLEL SAFE
   SET search_path = pg_catalog, pg_temp
@@ -19,7 +21,8 @@ CREATE FUNCTION billguard.initial_state(persistence_id text) RETURNS jsonb
   RETURN CASE
     WHEN persistence_id = 'billing-scheduler'
       THEN jsonb_build_object('entity', 'billing-scheduler', 'issued_periods', '[]'::jsonb,
-                              'last_issued_period', NULL, 'last_issued_at', NULL)
+                              'last_issued_period', NULL, 'last_issued_at', NULL,
+                              'ended_when_issued', '[]'::jsonb)
     WHEN persistence_id LIKE 'billing-%'
       THEN jsonb_build_object('entity', 'billing', 'status', 'new', 'attempts', 0)
     ELSE jsonb_build_object('entity', 'unknown')
@@ -72,16 +75,24 @@ CREATE FUNCTION billguard.apply_event(state jsonb, event_type text, event jsonb)
                                       'last_issued_at', event -> 'issued_at')
               ELSE '{}'::jsonb
          END
+      -- Events before 0.2.0 do not say: their periods count by the clock now.
+      || CASE WHEN coalesce((event ->> 'month_ended')::boolean, false)
+                   AND NOT coalesce(state -> 'ended_when_issued', '[]'::jsonb) ? (event ->> 'billing_period')
+              THEN jsonb_build_object('ended_when_issued',
+                     coalesce(state -> 'ended_when_issued', '[]'::jsonb) || jsonb_build_array(event -> 'billing_period'))
+              ELSE '{}'::jsonb
+         END
     ELSE state
   END || jsonb_build_object('last_event_type', event_type);
 
 -- A snapshot's state of an older state_version in the current shape, one
 -- step per version:
 --   1 -> 2  the scheduler entity's last_issued_period is the greatest of its
---           issued_periods, last_issued_at unknown. A state without
---           issued_periods (a malformed or hand-made snapshot) gets none:
---           billing_records, not the state, keeps those periods from being
---           billed twice.
+--           issued_periods, last_issued_at unknown, ended_when_issued empty
+--           (0.1.0 did not record it: those periods count by the clock now).
+--           A state without issued_periods (a malformed or hand-made
+--           snapshot) gets none: billing_records, not the state, keeps those
+--           periods from being billed twice.
 CREATE FUNCTION billguard.upcast_state(state jsonb, state_version integer) RETURNS jsonb
   LANGUAGE sql IMMUTABLE PARALLEL SAFE
   SET search_path = pg_catalog, pg_temp
@@ -92,7 +103,8 @@ CREATE FUNCTION billguard.upcast_state(state jsonb, state_version integer) RETUR
       'last_issued_period',
         (SELECT max(p.period) FROM jsonb_array_elements_text(
            coalesce(state -> 'issued_periods', '[]'::jsonb)) AS p(period)),
-      'last_issued_at', NULL)
+      'last_issued_at', NULL,
+      'ended_when_issued', '[]'::jsonb)
   END;
 
 CREATE FUNCTION billguard.entity_state(persistence_id text) RETURNS jsonb

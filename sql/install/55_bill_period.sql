@@ -68,15 +68,21 @@ BEGIN
    WHERE r.billing_period = period;
   in_progress := in_progress - initiated;   -- our own claims are pending too
 
-  -- The first time a period is billed, the scheduler entity records it.
-  -- The advisory lock serialises appends to that one entity.
+  -- The first time a period is billed, the scheduler entity records it,
+  -- and whether its month had ended by the scheduler's clock: the scheduler
+  -- never goes back behind such a period, whatever its clock says later
+  -- (see issued_after()). The advisory lock serialises appends to that one
+  -- entity.
   PERFORM pg_advisory_xact_lock(billguard.scheduler_lock_class(), 0);
   scheduler_state := billguard.entity_state('billing-scheduler');
   IF NOT (scheduler_state -> 'issued_periods') ? period THEN
     PERFORM billguard.append_event('billing-scheduler', (scheduler_state ->> 'seq_nr')::bigint,
                                    'BillingTickIssued',
                                    jsonb_build_object('billing_period', period,
-                                                      'issued_at', clock_timestamp()));
+                                                      'issued_at', clock_timestamp(),
+                                                      'month_ended', period COLLATE "C" < to_char(
+                                                        (SELECT s.now FROM billguard.scheduler_settings() s)
+                                                          AT TIME ZONE 'UTC', 'YYYY-MM')));
   END IF;
 
   IF initiated > 0 THEN

@@ -65,20 +65,26 @@ CREATE FUNCTION billguard.current_schedule(OUT auto_bill text, OUT bill_day inte
            LATERAL billguard.scheduler_calendar(s.now, s.bill_day, s.bill_hour_utc) c;
   END;
 
--- The latest period after due_period that was issued already and whose
--- month had ended at `at`, or NULL. The scheduler never goes back behind
--- one: moving bill_day or bill_hour_utc later can take the calendar's due
--- period back a month, to one the scheduler had passed. A period issued
--- before its month ended (billed in advance, or a mistyped year) does not
--- count: it keeps no due period from being billed.
-CREATE FUNCTION billguard.issued_after(due_period text, issued jsonb, at timestamptz)
+-- The latest period after due_period that billing-scheduler's state
+-- (scheduler_state) lists as issued once its month had ended, or NULL. The
+-- scheduler never goes back behind one: moving bill_day or bill_hour_utc
+-- later can take the calendar's due period back a month, to one the
+-- scheduler had passed, and so can a clock stepped back (an hour after the
+-- scheduler billed 2026-08 on 2026-09-01, the calendar says 2026-07 is due).
+-- What counts is the clock when the period was issued (ended_when_issued),
+-- not the clock now. A period issued before its month ended (billed in
+-- advance, or a mistyped year) does not count until its month has ended by
+-- the clock `at`: it keeps no due period from being billed.
+CREATE FUNCTION billguard.issued_after(due_period text, scheduler_state jsonb, at timestamptz)
   RETURNS text
   LANGUAGE sql STABLE PARALLEL SAFE
   SET search_path = pg_catalog, pg_temp
   RETURN (SELECT max(i.period COLLATE "C")
-            FROM jsonb_array_elements_text(coalesce(issued, '[]'::jsonb)) AS i(period)
+            FROM jsonb_array_elements_text(coalesce(scheduler_state -> 'issued_periods', '[]'::jsonb))
+                   AS i(period)
            WHERE i.period COLLATE "C" > due_period
-             AND i.period COLLATE "C" < to_char(at AT TIME ZONE 'UTC', 'YYYY-MM'));
+             AND (coalesce(scheduler_state -> 'ended_when_issued', '[]'::jsonb) ? i.period
+                  OR i.period COLLATE "C" < to_char(at AT TIME ZONE 'UTC', 'YYYY-MM')));
 
 -- One tick of the scheduler, in the dispatcher's transaction: bills the most
 -- recent due period unless billing-scheduler has issued it. outcome:
@@ -92,9 +98,10 @@ CREATE FUNCTION billguard.issued_after(due_period text, issued jsonb, at timesta
 --                   period in a transaction still open (it holds the
 --                   period's lock or billing-scheduler's); the worker tries
 --                   again shortly rather than wait for either lock
---   passed          a later period, whose month has ended, was issued
---                   already: bill_day or bill_hour_utc moved later took the
---                   calendar back to a period the scheduler had passed.
+--   passed          a later period was issued already once its month had
+--                   ended: bill_day or bill_hour_utc moved later, or a clock
+--                   stepped back, took the calendar back to a period the
+--                   scheduler had passed (see issued_after()).
 --                   Nothing: billing it is a person's decision (due_periods)
 -- existing counts the period's records from before this tick.
 -- search_first_reason, when the tick claims more than the dispatcher's
@@ -115,6 +122,7 @@ CREATE FUNCTION billguard.scheduler_tick()
 DECLARE
   schedule record;
   claimed  record;
+  state    jsonb;
   issued   jsonb;
   tick_at  timestamptz := (SELECT s.now FROM billguard.scheduler_settings() s);
   trusted  interval := current_setting('billguard.idempotency_window')::interval;
@@ -136,10 +144,11 @@ BEGIN
     RETURN NEXT;
     RETURN;
   END IF;
-  issued := billguard.entity_state('billing-scheduler') -> 'issued_periods';
+  state := billguard.entity_state('billing-scheduler');
+  issued := state -> 'issued_periods';
   IF issued ? schedule.due_period THEN
     outcome := 'already_issued';
-  ELSIF billguard.issued_after(schedule.due_period, issued, tick_at) IS NOT NULL THEN
+  ELSIF billguard.issued_after(schedule.due_period, state, tick_at) IS NOT NULL THEN
     outcome := 'passed';
   ELSE
     IF tick_at > schedule.due_at + trusted THEN
@@ -191,11 +200,11 @@ CREATE FUNCTION billguard.due_periods()
 #variable_conflict use_column
 DECLARE
   schedule record;
-  issued   jsonb;
+  state    jsonb := billguard.entity_state('billing-scheduler');
+  issued   jsonb := coalesce(state -> 'issued_periods', '[]'::jsonb);
   missed   text[];
 BEGIN
   SELECT * INTO schedule FROM billguard.current_schedule();
-  issued := coalesce(billguard.entity_state('billing-scheduler') -> 'issued_periods', '[]'::jsonb);
   missed := billguard.never_issued(schedule.due_period, issued);
   IF cardinality(missed) = 0 THEN
     RETURN;    -- no reason to read billing_records
@@ -205,7 +214,7 @@ BEGIN
            billguard.bill_instant(p.period, schedule.bill_day, schedule.bill_hour_utc),
            coalesce(r.records, 0),
            p.period = schedule.due_period AND schedule.auto_bill = 'monthly'
-             AND billguard.issued_after(p.period, issued,
+             AND billguard.issued_after(p.period, state,
                                         (SELECT s.now FROM billguard.scheduler_settings() s)) IS NULL
       FROM unnest(missed) AS p(period)
       LEFT JOIN (SELECT br.billing_period, count(*) AS records
@@ -239,7 +248,7 @@ BEGIN
   bill_day := schedule.bill_day;
   bill_hour_utc := schedule.bill_hour_utc;
   scheduled := enabled AND NOT (state -> 'issued_periods') ? schedule.due_period
-               AND billguard.issued_after(schedule.due_period, state -> 'issued_periods',
+               AND billguard.issued_after(schedule.due_period, state,
                                           (SELECT s.now FROM billguard.scheduler_settings() s)) IS NULL;
   next_bill_at := CASE WHEN NOT enabled THEN NULL
                        WHEN scheduled THEN schedule.due_at

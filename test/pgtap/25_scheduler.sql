@@ -22,7 +22,7 @@
 -- them on every claim, also after a lease ran out; one exactly at the
 -- window, and bill_period, do not.
 BEGIN;
-SELECT plan(52);
+SELECT plan(54);
 
 UPDATE billguard.accounts SET active = false WHERE customer_id NOT LIKE 't25\_%';
 INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency)
@@ -169,12 +169,21 @@ SELECT is((SELECT count(*) FROM billguard.billing_records WHERE billing_period =
           'the tick did not bill the older missed period 2035-03');
 SELECT results_eq($$SELECT billing_period FROM billguard.due_periods()$$, $$VALUES ('2035-03'::text)$$,
                   'due_periods: only 2035-03 is left');
-SELECT is(billguard.issued_after('2035-03', '["2035-01", "2035-04", "2035-05"]', '2035-06-01 00:00:00+00'),
-          '2035-05', 'issued_after: 2035-05, issued after its month ended, passed 2035-03');
-SELECT is(billguard.issued_after('2035-05', '["2035-06", "2036-01"]', '2035-06-15 00:00:00+00'), NULL::text,
-          'issued_after: a period billed in advance, or a mistyped year, passes nothing');
-SELECT is(billguard.issued_after('2035-05', '["2035-04"]', '2035-06-15 00:00:00+00'), NULL::text,
+SELECT is(billguard.issued_after('2035-03', '{"issued_periods": ["2035-01", "2035-04", "2035-05"]}',
+                                 '2035-06-01 00:00:00+00'),
+          '2035-05', 'issued_after: 2035-05, whose month has ended, passed 2035-03');
+SELECT is(billguard.issued_after('2035-05', '{"issued_periods": ["2035-06", "2036-01"]}', '2035-06-15 00:00:00+00'),
+          NULL::text, 'issued_after: a period billed in advance, or a mistyped year, passes nothing');
+SELECT is(billguard.issued_after('2035-05', '{"issued_periods": ["2035-04"]}', '2035-06-15 00:00:00+00'), NULL::text,
           'issued_after: an earlier period passes nothing');
+SELECT is(billguard.issued_after('2035-03', '{"issued_periods": ["2035-04"], "ended_when_issued": ["2035-04"]}',
+                                 '2035-04-30 23:00:00+00'),
+          '2035-04', 'issued_after: a period issued once its month had ended passes older ones whatever the clock says now');
+SELECT is((SELECT string_agg(p, ',' ORDER BY p)
+             FROM jsonb_array_elements_text(billguard.entity_state('billing-scheduler') -> 'ended_when_issued') AS e (p)
+            WHERE p LIKE '2035-%'),
+          '2035-02,2035-04,2035-05',
+          'billing-scheduler''s state lists the periods issued once their month had ended (2035-01''s event lies behind the stale snapshot)');
 SET LOCAL billguard.scheduler_now = '2035-06-15 00:00:00+00';
 SELECT is((SELECT last_period_issued FROM billguard.scheduler_status), '2035-05',
           'scheduler_status: the last period issued is 2035-05');

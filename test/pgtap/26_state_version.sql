@@ -3,7 +3,8 @@
 --
 -- Proves: the state version is 2 and save_snapshot records it; upcast_state
 -- brings a version 1 scheduler state to version 2 (last_issued_period the
--- greatest issued period, last_issued_at unknown), gives a state without
+-- greatest issued period, last_issued_at unknown, ended_when_issued
+-- empty: 0.1.0 did not record it), gives a state without
 -- issued_periods an empty list, and leaves version 2 states and billing
 -- entities alone; entity_state folds a version 1 snapshot whose events
 -- retention deleted (before, such a snapshot was skipped and the fold lost
@@ -21,11 +22,11 @@ SELECT is(billguard.state_version(), 2, 'the state version is 2');
 SELECT is(billguard.upcast_state(
             '{"entity": "billing-scheduler", "issued_periods": ["2036-01", "2036-03", "2036-02"]}', 1),
           '{"entity": "billing-scheduler", "issued_periods": ["2036-01", "2036-03", "2036-02"],
-            "last_issued_period": "2036-03", "last_issued_at": null}'::jsonb,
-          'upcast 1 -> 2: last_issued_period is the greatest issued period, last_issued_at unknown');
+            "last_issued_period": "2036-03", "last_issued_at": null, "ended_when_issued": []}'::jsonb,
+          'upcast 1 -> 2: last_issued_period is the greatest issued period, last_issued_at unknown, ended_when_issued empty');
 SELECT is(billguard.upcast_state('{"entity": "billing-scheduler"}', 1),
           '{"entity": "billing-scheduler", "issued_periods": [], "last_issued_period": null,
-            "last_issued_at": null}'::jsonb,
+            "last_issued_at": null, "ended_when_issued": []}'::jsonb,
           'upcast 1 -> 2: a state without issued_periods gets an empty list');
 SELECT is(billguard.upcast_state('{"entity": "billing", "status": "completed"}', 1),
           '{"entity": "billing", "status": "completed"}'::jsonb,
