@@ -92,6 +92,10 @@ SANITIZE = -fsanitize=address,undefined -fno-sanitize-recover=all
 .build/asan/common/libbillguard_common.a: $(COMMON_SRCS:common/%.cpp=.build/asan/common/%.o)
 	$(AR) rcs $@ $^
 $(shlib): .build/common/libbillguard_common.a
+# PGXS tracks no header of the extension's objects: a changed header of
+# common/ or extension/ rebuilds them all, so no object is linked with
+# another's idea of a struct.
+$(OBJS): $(wildcard common/*.hpp extension/*.hpp)
 
 # Unit tests: each test/unit/<name>_test.cpp is one TAP-printing program,
 # built plain and sanitized; test/unit/run.t runs every one of both.

@@ -22,8 +22,15 @@ class FieldReader : public nlohmann::json_sax<nlohmann::json> {
  public:
   bool null() override { return Scalar(nullptr, nullptr); }
   bool boolean(bool value) override { return Scalar(nullptr, &value); }
-  bool number_integer(number_integer_t) override { return Scalar(nullptr, nullptr); }
-  bool number_unsigned(number_unsigned_t) override { return Scalar(nullptr, nullptr); }
+  bool number_integer(number_integer_t value) override {
+    const long long integer = value;
+    return Scalar(nullptr, nullptr, &integer);
+  }
+  bool number_unsigned(number_unsigned_t value) override {
+    if (value > static_cast<number_unsigned_t>(INT64_MAX)) return Scalar(nullptr, nullptr);
+    const long long integer = static_cast<long long>(value);
+    return Scalar(nullptr, nullptr, &integer);
+  }
   bool number_float(number_float_t, const string_t&) override { return Scalar(nullptr, nullptr); }
   bool string(string_t& value) override { return Scalar(&value, nullptr); }
   bool binary(binary_t&) override { return Scalar(nullptr, nullptr); }
@@ -55,15 +62,17 @@ class FieldReader : public nlohmann::json_sax<nlohmann::json> {
   int depth() const { return depth_; }
   virtual void OnString(const std::string&) {}
   virtual void OnBool(bool) {}
+  virtual void OnInteger(long long) {}
   virtual void OnOpen(bool /*object*/) {}
   virtual void OnClose(bool /*object*/) {}
 
  private:
-  bool Scalar(const std::string* text, const bool* flag) {
+  bool Scalar(const std::string* text, const bool* flag, const long long* integer = nullptr) {
     if (depth_ == 0) return true;  // a bare scalar: not an object, see Read
     if (depth_ <= kTrackedDepth) {
       if (text != nullptr) OnString(*text);
       if (flag != nullptr) OnBool(*flag);
+      if (integer != nullptr) OnInteger(*integer);
       if (in_array_[depth_]) keys_[depth_].clear();
     }
     return true;
@@ -118,8 +127,9 @@ class ChargeBodyReader : public FieldReader {
   ChargeAnswer& answer_;
 };
 
-// {"data": [{"id", "status", "paid", "metadata": {"billguard_key"}}, ...]}:
-// the first element that carries the key and was charged.
+// {"data": [{"id", "status", "paid", "amount", "currency", "customer",
+// "metadata": {"billguard_key"}}, ...]}: every element that carries the key
+// and was charged, in order.
 class SearchBodyReader : public FieldReader {
  public:
   SearchBodyReader(SearchAnswer& answer, std::string_view key) : answer_(answer), key_(key) {}
@@ -131,15 +141,20 @@ class SearchBodyReader : public FieldReader {
     if (depth() == 3 && InElement() && object) element_ = Element{};
   }
   void OnClose(bool object) override {
-    if (depth() != 3 || !InElement() || !object || !answer_.found_id.empty()) return;
+    if (depth() != 3 || !InElement() || !object || answer_.found.size() >= kMaxFound) return;
     const bool charged =
         element_.status == "succeeded" || element_.status == "processing" || element_.paid;
-    if (element_.key == key_ && charged && !element_.id.empty()) answer_.found_id = element_.id;
+    if (element_.key != key_ || !charged || element_.found.id.empty()) return;
+    if (answer_.found_id.empty()) answer_.found_id = element_.found.id;
+    answer_.found.push_back(std::move(element_.found));
   }
   void OnString(const std::string& value) override {
     if (depth() == 3 && InElement()) {
-      if (KeyAt(3) == "id") element_.id = PrintableExcerpt(value, kMaxFieldBytes);
-      if (KeyAt(3) == "status") element_.status = value.substr(0, kMaxFieldBytes);
+      const std::string& key = KeyAt(3);
+      if (key == "id") element_.found.id = PrintableExcerpt(value, kMaxFieldBytes);
+      if (key == "status") element_.status = value.substr(0, kMaxFieldBytes);
+      if (key == "currency") element_.found.currency = PrintableExcerpt(value, kMaxFieldBytes);
+      if (key == "customer") element_.found.customer = PrintableExcerpt(value, kMaxFieldBytes);
     } else if (depth() == 4 && InElement() && KeyAt(3) == "metadata" &&
                KeyAt(4) == "billguard_key") {
       element_.key = value.substr(0, kMaxFieldBytes);
@@ -148,9 +163,13 @@ class SearchBodyReader : public FieldReader {
   void OnBool(bool value) override {
     if (depth() == 3 && InElement() && KeyAt(3) == "paid") element_.paid = value;
   }
+  void OnInteger(long long value) override {
+    if (depth() == 3 && InElement() && KeyAt(3) == "amount") element_.found.amount = value;
+  }
 
   struct Element {
-    std::string id, status, key;
+    FoundCharge found;
+    std::string status, key;
     bool paid = false;
   };
   SearchAnswer& answer_;

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "http_client.hpp"
 
@@ -67,15 +68,29 @@ ChargeAnswer ReadChargeAnswer(const HttpResponse& response);
 // exhausted).
 Outcome JudgeCharge(ChargeAnswer& answer, int attempt, int max_attempts);
 
+// A charged object a search found carrying the record's key. The key alone
+// proves nothing (another database billing with the same key namespace on
+// this Stripe account makes the same key for the same customer id): SQL
+// takes it for the record's charge only if amount, currency and Stripe
+// customer are the record's too (billguard.record_answers).
+struct FoundCharge {
+  std::string id;
+  std::optional<long long> amount;  // absent when not an integer
+  std::string currency;
+  std::string customer;  // empty when none
+};
+
 // The fields billguard keeps of one answer to a search for a key.
 struct SearchAnswer {
   long http_status = 0;
   bool request_sent = true;
   std::string request_id;
-  bool listed = false;   // a 200 whose body holds a "data" list
-  std::string found_id;  // a charged object carrying the key, if any
-  std::string message;   // why the search told nothing
+  bool listed = false;              // a 200 whose body holds a "data" list
+  std::string found_id;             // the first charged object carrying the key, if any
+  std::vector<FoundCharge> found;   // every one, in the answer's order (at most kMaxFound)
+  std::string message;              // why the search told nothing
 };
+inline constexpr std::size_t kMaxFound = 100;  // Stripe's largest page
 
 SearchAnswer ReadSearchAnswer(const HttpResponse& response, std::string_view idempotency_key);
 // What a search means for a record that has had `unknown_cycles`

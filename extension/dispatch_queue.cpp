@@ -79,6 +79,15 @@ nlohmann::json AnswerJson(const JudgedAnswer& judged) {
     answer["charge_id"] = TextOrNull(found.found_id);
     answer["request_id"] = TextOrNull(found.request_id);
     answer["message"] = TextOrNull(found.message);
+    // What record_answers compares with the record before it takes one.
+    nlohmann::json charges = nlohmann::json::array();
+    for (const FoundCharge& charge : found.found) {
+      charges.push_back({{"id", charge.id},
+                         {"amount", charge.amount ? nlohmann::json(*charge.amount) : nlohmann::json()},
+                         {"currency", TextOrNull(charge.currency)},
+                         {"customer", TextOrNull(charge.customer)}});
+    }
+    answer["found"] = std::move(charges);
     return answer;
   }
   const ChargeAnswer& charge = judged.charge;

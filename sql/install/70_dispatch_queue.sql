@@ -190,7 +190,9 @@ CREATE FUNCTION billguard.error_text(detail jsonb) RETURNS text
 -- Records a batch of answers the dispatcher read and judged
 -- (common/stripe_response.cpp), in one statement: answers is a JSON array of
 -- {key, attempt, search, outcome, http_status, charge_id, replayed,
--- request_id, error_type, error_code, decline_code, message, body_excerpt}.
+-- request_id, error_type, error_code, decline_code, message, body_excerpt,
+-- found}; found, of a search, lists the charged objects that carry the
+-- record's key: [{id, amount, currency, customer}, ...].
 -- What each outcome does to its record, and the event it journals (every
 -- event that records an answer carries Stripe's Request-Id, what Stripe
 -- support asks for):
@@ -209,7 +211,14 @@ CREATE FUNCTION billguard.error_text(detail jsonb) RETURNS text
 --                   dispatcher holds off while Stripe is
 --                   unreachable)                             ChargeNotSent
 --   an answer to a search for the record's charge:
---     completed     found charged: charge_id                 ChargeReconciled
+--     completed     found charged, with the record's amount, currency and
+--                   Stripe customer (the key alone proves nothing: another
+--                   database billing with the same key namespace on this
+--                   Stripe account makes the same key): the first such
+--                   object's id                             ChargeReconciled
+--                   found, but none of those match: needs_review, never
+--                   re-sent, last_error saying what differed (and a
+--                   WARNING in the log)                      NeedsReview
 --     absent        not found: nothing changes, the dispatcher sends the
 --                   charge now with the same key and lease
 --     needs_review  not found after max_unknown_cycles indeterminate
@@ -238,6 +247,7 @@ CREATE FUNCTION billguard.record_answers(answers jsonb, settle_delay interval)
 #variable_conflict use_column
 DECLARE
   unknown_outcome text;
+  mismatch record;
 BEGIN
   SELECT a.search || '/' || a.outcome INTO unknown_outcome
     FROM jsonb_to_recordset(answers) AS a(search boolean, outcome text)
@@ -255,31 +265,57 @@ BEGIN
       FROM ROWS FROM (jsonb_to_recordset(answers) AS (
              key text, attempt integer, search boolean, outcome text, http_status integer,
              charge_id text, replayed boolean, request_id text, error_type text, error_code text,
-             decline_code text, message text, body_excerpt text))
+             decline_code text, message text, body_excerpt text, found jsonb))
            WITH ORDINALITY AS a(key, attempt, search, outcome, http_status, charge_id, replayed,
                                 request_id, error_type, error_code, decline_code, message,
-                                body_excerpt, position)
+                                body_excerpt, found, position)
   ), locked AS (
-    SELECT r.idempotency_key, r.customer_id, r.billing_period, r.status, r.attempts
+    SELECT r.idempotency_key, r.customer_id, r.billing_period, r.status, r.attempts,
+           r.amount_cents, r.currency, r.stripe_customer
       FROM billguard.billing_records r
      WHERE r.idempotency_key IN (SELECT a.key FROM answer a)
        FOR UPDATE SKIP LOCKED
   ), mine AS (   -- the answers whose attempt is still their record's
-    SELECT a.*, l.customer_id, l.billing_period,
-           CASE WHEN a.search THEN 'search ' ELSE '' END || a.outcome AS what,
+    SELECT a.*, l.customer_id, l.billing_period, v.verified_charge,
+           CASE WHEN a.search THEN 'search ' ELSE '' END
+             || CASE WHEN a.search AND a.outcome = 'completed' AND v.verified_charge IS NULL
+                     THEN 'mismatch' ELSE a.outcome END AS what,
+           CASE WHEN a.search AND a.outcome = 'completed' AND v.verified_charge IS NULL THEN
+             format('search found %s with the record''s key, but for %s %s of customer %s, not the '
+                    'record''s %s %s of %s: another database or system bills with this key '
+                    'namespace on this Stripe account',
+                    coalesce(f.id, a.charge_id), coalesce(f.amount::text, '?'), coalesce(f.currency, '?'),
+                    coalesce(f.customer, 'none'), l.amount_cents, l.currency, l.stripe_customer)
+           END AS mismatch,
            jsonb_strip_nulls(jsonb_build_object(
              'http_status', nullif(a.http_status, 0), 'type', a.error_type, 'code', a.error_code,
              'decline_code', a.decline_code, 'message', a.message, 'body', a.body_excerpt,
              'request_id', a.request_id, 'attempt', a.attempt)) AS detail
       FROM answer a
       JOIN locked l ON l.idempotency_key = a.key AND l.status = 'dispatching' AND l.attempts = a.attempt
+      -- The first object found that is the record's charge: its amount,
+      -- currency and Stripe customer too, as a webhook's must be.
+      LEFT JOIN LATERAL (
+        SELECT c.id AS verified_charge
+          FROM ROWS FROM (jsonb_to_recordset(coalesce(a.found, '[]'::jsonb)) AS (
+                 id text, amount bigint, currency text, customer text)) WITH ORDINALITY AS c(id, amount, currency, customer, n)
+         WHERE c.amount = l.amount_cents AND c.currency = l.currency AND c.customer = l.stripe_customer
+         ORDER BY c.n LIMIT 1) v ON a.search AND a.outcome = 'completed'
+      -- Else the first one found, to say what differed.
+      LEFT JOIN LATERAL (
+        SELECT c.id, c.amount, c.currency, c.customer
+          FROM ROWS FROM (jsonb_to_recordset(coalesce(a.found, '[]'::jsonb)) AS (
+                 id text, amount bigint, currency text, customer text)) WITH ORDINALITY AS c(id, amount, currency, customer, n)
+         ORDER BY c.n LIMIT 1) f ON a.search AND a.outcome = 'completed' AND v.verified_charge IS NULL
   ), effect AS (
     SELECT m.key, m.customer_id, m.billing_period, m.what,
-           CASE WHEN m.what IN ('completed', 'search completed') THEN m.charge_id END AS charge_id,
+           CASE WHEN m.what = 'completed' THEN m.charge_id
+                WHEN m.what = 'search completed' THEN m.verified_charge END AS charge_id,
            CASE m.what
              WHEN 'completed' THEN 'completed' WHEN 'search completed' THEN 'completed'
              WHEN 'failed' THEN 'failed' WHEN 'needs_review' THEN 'needs_review'
              WHEN 'search needs_review' THEN 'needs_review'
+             WHEN 'search mismatch' THEN 'needs_review'
              WHEN 'blocked' THEN 'blocked'
              WHEN 'retry' THEN 'pending' WHEN 'throttled' THEN 'pending'
              WHEN 'paused' THEN 'pending' WHEN 'not_sent' THEN 'pending'
@@ -303,6 +339,7 @@ BEGIN
              WHEN m.what IN ('completed', 'search completed') THEN NULL
              WHEN m.what = 'not_sent' THEN 'not sent: ' || m.message
              WHEN m.what IN ('search retry', 'search needs_review') THEN m.message
+             WHEN m.what = 'search mismatch' THEN m.mismatch
              ELSE billguard.error_text(m.detail)
            END AS last_error,
            CASE m.what
@@ -311,6 +348,7 @@ BEGIN
              WHEN 'throttled' THEN 'BillingFailed' WHEN 'unknown' THEN 'ChargeUnknown'
              WHEN 'needs_review' THEN 'NeedsReview' WHEN 'not_sent' THEN 'ChargeNotSent'
              WHEN 'search needs_review' THEN 'NeedsReview'
+             WHEN 'search mismatch' THEN 'NeedsReview'
              WHEN 'blocked' THEN 'BillingBlocked'
            END AS event_type,
            CASE m.what
@@ -326,6 +364,8 @@ BEGIN
              WHEN 'unknown' THEN m.detail
              WHEN 'needs_review' THEN m.detail
              WHEN 'search needs_review' THEN m.detail || jsonb_build_object('via', 'search')
+             WHEN 'search mismatch' THEN m.detail || jsonb_build_object(
+               'via', 'search', 'message', m.mismatch, 'found', m.found)
              WHEN 'blocked' THEN m.detail
              WHEN 'not_sent' THEN jsonb_build_object('attempt', m.attempt, 'message', m.message)
            END AS event
@@ -362,6 +402,21 @@ BEGIN
          END
     FROM answer a
    ORDER BY a.position;
+  -- A search that found the key on another's charge is for a person: say so
+  -- in the log as well (the dispatcher judged the answer 'completed').
+  FOR mismatch IN
+    SELECT r.customer_id, r.billing_period, r.last_error
+      FROM jsonb_to_recordset(answers) AS a(key text, search boolean, outcome text)
+      JOIN billguard.billing_records r ON r.idempotency_key = a.key
+     WHERE a.search AND a.outcome = 'completed' AND r.status = 'needs_review'
+       AND r.updated_at = now() AND r.last_error LIKE 'search found % with the record''s key, but %'
+  LOOP
+    RAISE WARNING 'billguard dispatcher: %/% is needs_review: %', mismatch.customer_id,
+                  mismatch.billing_period, mismatch.last_error
+      USING HINT = 'Every database billing through one Stripe account needs a billguard.key_namespace '
+                   'of its own. Compare the record with Stripe''s dashboard, then resolve_record or '
+                   'retry_record.';
+  END LOOP;
 END $$;
 
 -- One answer to a charge (see record_answers).
@@ -379,17 +434,23 @@ CREATE FUNCTION billguard.record_charge_response(
             'decline_code', decline_code, 'message', message, 'body_excerpt', body_excerpt)),
           settle_delay) a);
 
--- One answer to a search for the record's charge (see record_answers).
+-- One answer to a search for the record's charge (see record_answers):
+-- charge_id the object found, with its amount, currency and Stripe customer.
 CREATE FUNCTION billguard.record_search_result(
     key text, attempt integer, outcome text, http_status integer, charge_id text,
-    request_id text, message text)
+    request_id text, message text, found_amount bigint DEFAULT NULL,
+    found_currency text DEFAULT NULL, found_customer text DEFAULT NULL)
   RETURNS text
   LANGUAGE sql
   SET search_path = pg_catalog, pg_temp
   RETURN (SELECT a.recorded FROM billguard.record_answers(jsonb_build_array(jsonb_build_object(
             'key', key, 'attempt', attempt, 'search', true, 'outcome', outcome,
             'http_status', http_status, 'charge_id', charge_id, 'request_id', request_id,
-            'message', message)),
+            'message', message,
+            'found', CASE WHEN charge_id IS NULL THEN '[]'::jsonb
+                          ELSE jsonb_build_array(jsonb_build_object(
+                                 'id', charge_id, 'amount', found_amount, 'currency', found_currency,
+                                 'customer', found_customer)) END)),
           NULL::interval) a);
 
 -- Returns a claimed record that was never sent to the queue (the dispatcher

@@ -20,7 +20,12 @@
 --      (settle delay, ChargeUnknown), paused and not_sent (the attempt not
 --      counted; ChargeNotSent); every event carries the Request-Id; a stale
 --      attempt -> 'stale' and nothing changes.
---  record_search_result  completed (ChargeReconciled), absent (nothing
+--  record_search_result  completed (ChargeReconciled) when the object found
+--      has the record's amount, currency and Stripe customer; one that
+--      differs in any of them (or says nothing of them) is needs_review,
+--      out of the queue, last_error saying what differed (NeedsReview via
+--      search, the object in the event), and of several found the first that
+--      matches is taken; absent (nothing
 --      changes: the charge is sent next), needs_review (the dispatcher's
 --      max_unknown_cycles reached: settled, NeedsReview via search, the
 --      reason in last_error), retry (unknown, backoff), paused and not_sent
@@ -32,7 +37,7 @@
 --  retry_record / resolve_record  allowed statuses, 22023 / P0002
 --      otherwise, events RecordRequeued / ReviewResolved.
 BEGIN;
-SELECT plan(130);
+SELECT plan(140);
 
 -- Other suites' rows (if any) must not be claimed here.
 UPDATE billguard.billing_records SET next_attempt_at = 'infinity'
@@ -47,7 +52,7 @@ SELECT 't10_' || n, 'cus_t10_' || n, 1000 + row_number() OVER (), CASE WHEN n = 
     'r200', 'r200b', 'r200noid', 'r402', 'r400', 'r409', 'r429', 'r503', 'r503last', 'r500', 'r401', 'r403',
     'srtrue', 'srfalse', 'sr500false', 'r502html', 'stale',
     'net', 'netlast', 'netstale',
-    'sfound', 'sproc', 'spaid', 'snone', 'sother', 'sdeclined', 'serr', 'shtml', 's401', 'sstale', 'scycles',
+    'sfound', 'scustomer', 'samount', 'scurrency', 'ssecond', 'sunsaid', 'sproc', 'spaid', 'snone', 'sother', 'sdeclined', 'serr', 'shtml', 's401', 'sstale', 'scycles',
     'rel_charge', 'rel_search', 'rel_stale',
     'rt_failed', 'rt_review', 'rt_pending', 'rt_completed', 'rt_unknown', 'rt_dispatching', 'rt_blocked',
     'rs_review', 'rs_failed', 'rs_unknown', 'rs_pending', 'rs_completed', 'rs_dispatching', 'rs_blocked'
@@ -397,8 +402,21 @@ SELECT throws_ok($$SELECT * FROM billguard.record_answers('[{"key": "k", "attemp
 -- record_search_result(key, attempt, outcome, http_status, charge_id, request_id, message, unsent_delay)
 CREATE FUNCTION pg_temp.t10_search(c text, attempt int, outcome text, http_status int, charge_id text DEFAULT NULL,
                                    message text DEFAULT NULL) RETURNS text LANGUAGE sql AS $$
-  SELECT billguard.record_search_result(pg_temp.t10_key(c), attempt, outcome, http_status, charge_id, 'req_t10' || c,
-                                        message) $$;
+  SELECT billguard.record_search_result(pg_temp.t10_key(c), t10_search.attempt, t10_search.outcome,
+                                        t10_search.http_status, t10_search.charge_id, 'req_t10' || c,
+                                        t10_search.message, r.amount_cents, r.currency, r.stripe_customer)
+    FROM pg_temp.t10_r(c) r $$;
+-- A search that found `found` ([{id, amount, currency, customer}, ...]).
+CREATE FUNCTION pg_temp.t10_found(c text, attempt int, found jsonb) RETURNS text LANGUAGE sql AS $$
+  SELECT a.recorded FROM billguard.record_answers(jsonb_build_array(jsonb_build_object(
+           'key', pg_temp.t10_key(c), 'attempt', attempt, 'search', true, 'outcome', 'completed',
+           'http_status', 200, 'charge_id', found -> 0 ->> 'id', 'request_id', 'req_t10' || c,
+           'found', found)), NULL::interval) a $$;
+-- The record's amount, currency and customer as a found object's, with `changes`.
+CREATE FUNCTION pg_temp.t10_like_record(c text, id text, changes jsonb DEFAULT '{}') RETURNS jsonb LANGUAGE sql AS $$
+  SELECT jsonb_build_object('id', id, 'amount', r.amount_cents, 'currency', r.currency,
+                            'customer', r.stripe_customer) || changes
+    FROM pg_temp.t10_r(c) r $$;
 SELECT is(pg_temp.t10_search('sfound', (SELECT 2 FROM pg_temp.t10_dispatching('sfound', 2)), 'completed', 200, 'pi_t10found'),
           'recorded', 'search found: recorded');
 SELECT results_eq($$SELECT status, charge_id, completed_at, lease_expires_at, next_attempt_at FROM pg_temp.t10_r('sfound')$$,
@@ -408,6 +426,50 @@ SELECT is(pg_temp.t10_last_type('sfound'), 'ChargeReconciled', 'search found: Ch
 SELECT is(pg_temp.t10_last('sfound'),
           '{"charge_id": "pi_t10found", "via": "search", "attempt": 2, "request_id": "req_t10sfound"}'::jsonb,
           'ChargeReconciled: charge_id, via search, attempt, Request-Id');
+
+-- The key alone is no proof: another database on this Stripe account, with
+-- the same key namespace and customer id, makes the same key.
+SELECT is(pg_temp.t10_found('scustomer', (SELECT 2 FROM pg_temp.t10_dispatching('scustomer', 2)),
+            jsonb_build_array(pg_temp.t10_like_record('scustomer', 'pi_t10theirs', '{"customer": "cus_elsewhere"}'))),
+          'recorded', 'search found the key on another customer''s charge: recorded');
+SELECT results_eq($$SELECT status, charge_id, next_attempt_at, lease_expires_at, last_error FROM pg_temp.t10_r('scustomer')$$,
+                  $$VALUES ('needs_review', NULL::text, NULL::timestamptz, NULL::timestamptz,
+                            'search found pi_t10theirs with the record''s key, but for '
+                            || (pg_temp.t10_r('scustomer')).amount_cents || ' usd of customer cus_elsewhere, not the record''s '
+                            || (pg_temp.t10_r('scustomer')).amount_cents || ' usd of cus_t10_scustomer: another database '
+                            || 'or system bills with this key namespace on this Stripe account')$$,
+                  'another customer: needs_review, not completed with their charge, out of the queue, what differed in last_error');
+SELECT is(pg_temp.t10_last_type('scustomer') || ' ' || (pg_temp.t10_last('scustomer') ->> 'via') || ' '
+            || (pg_temp.t10_last('scustomer') -> 'found' -> 0 ->> 'id'),
+          'NeedsReview search pi_t10theirs', 'another customer: NeedsReview via search, naming the object found');
+SELECT is(pg_temp.t10_found('samount', (SELECT 2 FROM pg_temp.t10_dispatching('samount', 2)),
+            jsonb_build_array(pg_temp.t10_like_record('samount', 'pi_t10amount', '{"amount": 1}')))
+          || ' ' || (pg_temp.t10_r('samount')).status,
+          'recorded needs_review', 'another amount: needs_review');
+SELECT is(pg_temp.t10_found('scurrency', (SELECT 2 FROM pg_temp.t10_dispatching('scurrency', 2)),
+            jsonb_build_array(pg_temp.t10_like_record('scurrency', 'pi_t10eur', '{"currency": "eur"}')))
+          || ' ' || (pg_temp.t10_r('scurrency')).status,
+          'recorded needs_review', 'another currency: needs_review');
+SELECT is(pg_temp.t10_search('sunsaid', (SELECT 2 FROM pg_temp.t10_dispatching('sunsaid', 2)), 'completed', 200, 'pi_t10unsaid')
+          || ' ' || (pg_temp.t10_r('sunsaid')).status,
+          'recorded completed', 'record_search_result passes the found object''s amount, currency and customer');
+SELECT is(billguard.record_answers(jsonb_build_array(jsonb_build_object(
+            'key', pg_temp.t10_key('sunsaid'), 'attempt', 2, 'search', true, 'outcome', 'completed',
+            'http_status', 200, 'charge_id', 'pi_x')), NULL::interval)::text, 'stale',
+          '(an answer for a settled record is stale)');
+SELECT is(pg_temp.t10_found('ssecond', (SELECT 2 FROM pg_temp.t10_dispatching('ssecond', 2)),
+            jsonb_build_array(pg_temp.t10_like_record('ssecond', 'pi_t10first', '{"customer": "cus_elsewhere"}'),
+                              pg_temp.t10_like_record('ssecond', 'pi_t10mine'))),
+          'recorded', 'search found two objects with the key, the second the record''s: recorded');
+SELECT is((pg_temp.t10_r('ssecond')).status || ' ' || (pg_temp.t10_r('ssecond')).charge_id, 'completed pi_t10mine',
+          'the one that matches the record is its charge');
+UPDATE billguard.billing_records SET status = 'dispatching', attempts = 2, lease_expires_at = now() + interval '1 min'
+ WHERE idempotency_key = pg_temp.t10_key('sproc');
+SELECT is(billguard.record_answers(jsonb_build_array(jsonb_build_object(
+            'key', pg_temp.t10_key('sproc'), 'attempt', 2, 'search', true, 'outcome', 'completed',
+            'http_status', 200, 'charge_id', 'pi_t10nothing_said')), NULL::interval)::text
+          || ' ' || (pg_temp.t10_r('sproc')).status,
+          'recorded needs_review', 'an answer that says nothing of the object found is needs_review');
 
 SELECT is(pg_temp.t10_search('snone', (SELECT 3 FROM pg_temp.t10_dispatching('snone', 3)), 'absent', 200), 'recorded',
           'search found nothing: recorded');

@@ -156,6 +156,22 @@ void Fields() {
   Is(s.found_id, "pi_ours", "search: the charged object carrying the key");
   Is(billguard::OutcomeName(billguard::JudgeSearch(s, 0, 5)), "completed",
      "search found: completed");
+  s = search(R"({"data":[{"id":"pi_a","status":"succeeded","amount":4900,"currency":"usd",)"
+             R"("customer":"cus_A","metadata":{"billguard_key":")" +
+             key +
+             R"("}},{"id":"pi_b","status":"succeeded","amount":1.5,"customer":null,)"
+             R"("metadata":{"billguard_key":")" +
+             key + R"("}},{"id":"pi_c","status":"failed","amount":7,"metadata":{"billguard_key":")" +
+             key + R"("}}]})");
+  std::string found;
+  for (const billguard::FoundCharge& f : s.found) {
+    found += f.id + "/" + (f.amount ? std::to_string(*f.amount) : "-") + "/" + f.currency + "/" +
+             f.customer + ";";
+  }
+  Is(found, "pi_a/4900/usd/cus_A;pi_b/-//;",
+     "search: every charged object carrying the key, with its amount, currency and customer "
+     "(record_answers compares them with the record)");
+  Is(s.found_id, "pi_a", "search: found_id is the first of them");
   s = search(R"({"data":[{"id":"ch_1","object":"charge","paid":true,"status":"pending",)"
              R"("metadata":{"billguard_key":")" +
              key + R"("}}]})");
