@@ -85,10 +85,10 @@ struct SearchAnswer {
   long http_status = 0;
   bool request_sent = true;
   std::string request_id;
-  bool listed = false;              // a 200 whose body holds a "data" list
-  std::string found_id;             // the first charged object carrying the key, if any
-  std::vector<FoundCharge> found;   // every one, in the answer's order (at most kMaxFound)
-  std::string message;              // why the search told nothing
+  bool listed = false;             // a 200 whose body holds a "data" list
+  std::string found_id;            // the first charged object carrying the key, if any
+  std::vector<FoundCharge> found;  // every one, in the answer's order (at most kMaxFound)
+  std::string message;             // why the search told nothing
 };
 inline constexpr std::size_t kMaxFound = 100;  // Stripe's largest page
 

@@ -82,10 +82,11 @@ nlohmann::json AnswerJson(const JudgedAnswer& judged) {
     // What record_answers compares with the record before it takes one.
     nlohmann::json charges = nlohmann::json::array();
     for (const FoundCharge& charge : found.found) {
-      charges.push_back({{"id", charge.id},
-                         {"amount", charge.amount ? nlohmann::json(*charge.amount) : nlohmann::json()},
-                         {"currency", TextOrNull(charge.currency)},
-                         {"customer", TextOrNull(charge.customer)}});
+      charges.push_back(
+          {{"id", charge.id},
+           {"amount", charge.amount ? nlohmann::json(*charge.amount) : nlohmann::json()},
+           {"currency", TextOrNull(charge.currency)},
+           {"customer", TextOrNull(charge.customer)}});
     }
     answer["found"] = std::move(charges);
     return answer;

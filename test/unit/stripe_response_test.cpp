@@ -161,7 +161,8 @@ void Fields() {
              key +
              R"("}},{"id":"pi_b","status":"succeeded","amount":1.5,"customer":null,)"
              R"("metadata":{"billguard_key":")" +
-             key + R"("}},{"id":"pi_c","status":"failed","amount":7,"metadata":{"billguard_key":")" +
+             key +
+             R"("}},{"id":"pi_c","status":"failed","amount":7,"metadata":{"billguard_key":")" +
              key + R"("}}]})");
   std::string found;
   for (const billguard::FoundCharge& f : s.found) {
