@@ -5101,7 +5101,9 @@ BEGIN
             DETAIL = 'A role that can create functions in schema billguard could have one of them called in place of billguard''s.',
             HINT = 'REVOKE CREATE ON SCHEMA billguard FROM those roles, then ALTER EXTENSION billguard UPDATE again.';
   END IF;
-  SELECT string_agg(p.oid::regprocedure::text, ', ' ORDER BY p.oid::regprocedure::text) INTO strangers
+  SELECT string_agg(format('billguard.%I(%s)', p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid)),
+                    ', ' ORDER BY p.proname, p.oid)
+    INTO strangers
     FROM pg_catalog.pg_proc p
    WHERE p.pronamespace = schema_oid
      AND NOT EXISTS (SELECT FROM pg_catalog.pg_depend d

@@ -13,6 +13,10 @@
 #     bootstrap superuser) schedules their retries through retry_delay: the
 #     planted overload never runs, dbowner is no superuser, and every
 #     customer is charged once.
+#   - A database installed with 0.1.0 (released before the check) into a
+#     schema dbowner made, holding a function of dbowner's: ALTER EXTENSION
+#     billguard UPDATE refuses it until a superuser owns the schema and the
+#     function is gone.
 use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
@@ -92,6 +96,27 @@ is(in_billing(q{SELECT count(*) FROM billguard.journal
 is(in_billing('SELECT count(*) FROM public.overload_log'), '0', 'the planted overload never ran');
 is(in_billing(q{SELECT rolsuper FROM pg_roles WHERE rolname = 'dbowner'}), 'f', 'dbowner is no superuser');
 is(scalar(@{ succeeded_charges($emulator) }), $accounts, "$accounts charges at the emulator, one per customer");
+
+# ---- a database installed before the check: ALTER EXTENSION UPDATE refuses it --------------
+
+$node->safe_psql('postgres', 'CREATE DATABASE legacy OWNER dbowner');
+sub in_legacy { my ($sql) = @_; return $node->psql('legacy', $sql, extra_params => [ '-U', $_[1] // 'postgres' ]) }
+($rc, $out, $err) = in_legacy(q{CREATE SCHEMA billguard;
+	CREATE FUNCTION billguard.retry_delay(integer, integer) RETURNS interval LANGUAGE sql AS $$SELECT interval '1 s'$$},
+	'dbowner');
+is($rc, 0, 'legacy: dbowner creates schema billguard and a function in it') or diag($err);
+($rc, $out, $err) = in_legacy(q{CREATE EXTENSION billguard VERSION '0.1.0'});
+is($rc, 0, 'legacy: 0.1.0, released before the check, installs into it') or diag($err);
+($rc, $out, $err) = in_legacy('ALTER EXTENSION billguard UPDATE');
+like($err, qr/ERROR:  schema billguard is owned by dbowner, who is not a superuser/,
+	'legacy: ALTER EXTENSION billguard UPDATE refuses the schema dbowner owns');
+in_legacy('ALTER SCHEMA billguard OWNER TO postgres');
+($rc, $out, $err) = in_legacy('ALTER EXTENSION billguard UPDATE');
+like($err, qr/ERROR:  schema billguard holds functions billguard did not create: billguard\.retry_delay\(integer, integer\)/,
+	'legacy: and then the function dbowner added to it');
+in_legacy('DROP FUNCTION billguard.retry_delay(integer, integer)');
+($rc, $out, $err) = in_legacy('ALTER EXTENSION billguard UPDATE');
+is($rc, 0, 'legacy: with the schema the superuser\'s and the function gone, the update goes through') or diag($err);
 
 $node->stop;
 $emulator->stop;
