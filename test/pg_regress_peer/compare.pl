@@ -48,14 +48,15 @@ GetOptions('tests=s' => \$tests_file, 'mode=s' => \$mode, 'objects=s' => \$objec
 my @plain_dirs = split /,/, $ARGV[0];
 my $other_dir  = $ARGV[1];
 
-my %named;    # OIDs and names of billguard's objects, from the server itself
+my %named;    # OIDs and names of billguard's objects, from the server itself, to names
 if ($objects_file) {
 	open my $fh, '<', $objects_file or die "$objects_file: $!\n";
 	while (<$fh>) {
 		chomp;
 		my ($oid, $name) = split /\t/;
-		$named{$oid} = 1;
-		$named{$name} = 1 if defined $name && $name ne '';
+		$name //= '';
+		$named{$oid} = $name;
+		$named{$name} = $name if $name ne '';
 	}
 	die "$objects_file lists no object of billguard\n" unless %named;
 }
@@ -131,7 +132,17 @@ sub row_count { return $_[0] =~ /^\((\d+) rows?\)$/ ? $1 : undef; }
 sub names_billguard {
 	my ($line) = @_;
 	return 1 if $line =~ /billguard/i;
-	return scalar grep { $named{$_} } map { s/^\s+|\s+$//gr } split /\|/, $line;
+	return scalar grep { exists $named{$_} } cells($line);
+}
+
+sub cells { return map { s/^\s+|\s+$//gr } split /\|/, $_[0]; }
+
+# A row that names billguard's objects by OID only, shown with their names.
+sub with_names {
+	my ($line) = @_;
+	return $line if $line =~ /billguard/i || grep { !/^\d+$/ && exists $named{$_} } cells($line);
+	my @names = map { $named{$_} } grep { /^\d+$/ && exists $named{$_} } cells($line);
+	return @names ? "$line   (" . join(', ', @names) . ')' : $line;
 }
 
 sub lines_of { return split /\n/, slurp($_[0]), -1; }
@@ -167,7 +178,7 @@ sub extension {
 			$allowed = 0 unless $added_raw[$i] =~ /^ / && names_billguard($added[$i]);
 		}
 		my $shown = join '', map {"  -$_\n"} @plain_raw[ $start - 1 .. $start + $removed_count - 2 ];
-		$shown .= join '', map {"  +$_\n"} @added_raw;
+		$shown .= join '', map { '  +' . with_names($_) . "\n" } @added_raw;
 		# Named by the statement or comment nearest before it, above the
 		# listing's header.
 		my ($after) = grep { /\w/ && !/^ / } reverse @plain_raw[ 0 .. $start - 2 ];

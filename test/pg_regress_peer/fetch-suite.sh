@@ -6,7 +6,7 @@
 # installed Debian version, and reused while that version stays installed.
 # The archive may no longer carry the source of the installed version (a
 # mirror behind the security archive): then the newest source of the same
-# major is used and SOURCE_VERSION says which; the peer comparison runs the
+# major is used and SOURCE says which; the peer comparison runs the
 # same tests on every server, so it does not depend on the two agreeing.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -23,12 +23,13 @@ else cache=${XDG_CACHE_HOME:-$HOME/.cache}/billguard
 fi
 cache=$cache/pg-regress
 suite=$cache/$installed
-[ -f "$suite/complete" ] && { echo "$suite"; exit 0; }
+# The suite's directory appears whole (a rename) and SOURCE is in it.
+[ -f "$suite/SOURCE" ] && { echo "$suite"; exit 0; }
 
 mkdir -p "$cache"
 exec 9>"$cache/.lock"
 flock 9 # two runs on one machine fetch once
-[ -f "$suite/complete" ] && { echo "$suite"; exit 0; }
+[ -f "$suite/SOURCE" ] && { echo "$suite"; exit 0; }
 
 tmp=$(mktemp -d "$cache/.fetch.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
@@ -67,9 +68,8 @@ cp "$regress/regress.c" "$tree/contrib/spi/refint.c" "$tree/contrib/spi/autoinc.
 # No LLVM bitcode: the modules are loaded by path, never inlined by the JIT.
 make -s -C "$tmp/suite/lib" -f "$here/modules.mk" with_llvm=no >"$tmp/build.log" 2>&1 ||
   { cat "$tmp/build.log" >&2; exit 1; }
-dpkg-parsechangelog -l "$tree/debian/changelog" -S Version >"$tmp/suite/SOURCE_VERSION"
+echo "$package $(dpkg-parsechangelog -l "$tree/debian/changelog" -S Version)" >"$tmp/suite/SOURCE"
 echo "$version_line" >"$tmp/suite/SERVER_VERSION"
 chmod -R a+rX "$tmp/suite"
 rm -rf "$suite" && mv "$tmp/suite" "$suite"
-touch "$suite/complete"
 echo "$suite"

@@ -23,8 +23,8 @@ mkdir -p "$work"
 suite=$("$here/fetch-suite.sh")
 bindir=$(pg_config --bindir)
 pg_regress=$(dirname "$(pg_config --pgxs)")/../../src/test/regress/pg_regress
-echo "suite: src/test/regress of Debian's $(basename "$(dirname "$suite")")" \
-  "$(cat "$suite/SOURCE_VERSION") for the server $(cat "$suite/SERVER_VERSION" | sed 's/^PostgreSQL //')"
+echo "suite: src/test/regress of the Debian source $(cat "$suite/SOURCE"), for the server" \
+  "$(sed 's/^PostgreSQL //' "$suite/SERVER_VERSION")"
 
 as_postgres() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 # The server running now, stopped when the run is interrupted.
