@@ -9,6 +9,7 @@ packages=(
   g++ make clang-14 llvm-14 clang-format curl
   openssl  # its command line signs the webhook tests' deliveries, independently of billguard
   prometheus wrk
+  dpkg-dev bzip2 xz-utils  # apt-get source unpacks PostgreSQL's regression suite with dpkg-source
 )
 # The proxy's real-client test runs the official stripe package on Node.js.
 command -v npm >/dev/null || packages+=(nodejs npm)

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # `make test`: install dependencies, build, install, then run every suite:
 # the house rules, C++ unit tests, pgTAP suites on a throwaway preloaded
-# cluster, and the TAP scenarios (races, crashes, upgrades) that start
-# clusters of their own. TAP_TESTS="test/t/080_upgrade.pl ..." runs only those.
+# cluster, PostgreSQL's own regression suite on a plain, a preloaded and an
+# extension's server (test/pg_regress_peer/run.sh), and the TAP scenarios
+# (races, crashes, upgrades) that start clusters of their own.
+# TAP_TESTS="test/t/080_upgrade.pl ..." runs only those scenarios;
+# SKIP_PG_REGRESS=1 skips the regression suite, and the run says so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -15,6 +18,7 @@ cleanup() {
 trap cleanup EXIT
 
 failed=0
+skipped=
 echo "== house rules (clang-format, pure C++ in common/)"
 test/check-style.sh || failed=1
 
@@ -32,6 +36,16 @@ psql -X -q -h "$work/pgtap" -p "$port" -U postgres -d billguard_test \
   -c "CREATE EXTENSION pgtap" -c "CREATE EXTENSION billguard" >/dev/null
 pg_prove -h "$work/pgtap" -p "$port" -U postgres -d billguard_test test/pgtap/*.sql || failed=1
 test/cluster.sh stop "$work/pgtap"
+
+echo "== PostgreSQL's regression suite as a peer (plain, preloaded, with the extension)"
+# A quick developer run may skip it, by saying so: the run then says it did.
+if [ -n "${SKIP_PG_REGRESS:-}" ]; then
+  echo "SKIPPED: SKIP_PG_REGRESS is set"
+  skipped="PostgreSQL's regression suite (SKIP_PG_REGRESS)"
+else
+  prove test/pg_regress_peer/ || failed=1 # the judge fails on what it must
+  test/pg_regress_peer/run.sh "$work/pg_regress_peer" || failed=1
+fi
 
 echo "== the official Stripe client for the proxy's scenarios (npm ci)"
 (cd test/stripe-client && npm ci --no-audit --no-fund --silent && chmod -R a+rX .) || failed=1
@@ -62,4 +76,8 @@ if [ $failed -ne 0 ]; then
   echo "FAILED: see the output above"
   exit 1
 fi
-echo "all suites passed"
+if [ -n "$skipped" ]; then
+  echo "all suites passed, but one was skipped: $skipped"
+else
+  echo "all suites passed"
+fi
