@@ -512,8 +512,12 @@ class Dispatcher {
       }
     }
     // Statistics held back by pgstat_report_stat's rate limit are flushed
-    // by the time this returns (PostgresMain does the same when idle).
-    const long stats_ms = CallPostgres([] { return pgstat_report_stat(false); });
+    // before a sleep: it measures its interval from the last commit, so an
+    // idle worker would hold the end of a burst back until its next
+    // transaction, and autovacuum would not see it for weeks. While busy the
+    // rate limit holds, and the wait ends when the next flush is allowed.
+    const bool going_idle = in_flight_.empty() && ready_.empty() && timeout_ms != 0;
+    const long stats_ms = CallPostgres([going_idle] { return pgstat_report_stat(going_idle); });
     if (stats_ms > 0) timeout_ms = timeout_ms > 0 ? std::min(timeout_ms, stats_ms) : timeout_ms;
     if (WaitLatchFor(timeout_ms)) maybe_due_ = true;
   }
