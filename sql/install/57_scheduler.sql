@@ -96,6 +96,8 @@ CREATE FUNCTION billguard.issued_after(due_period text, issued jsonb, at timesta
 --                   already: bill_day or bill_hour_utc moved later took the
 --                   calendar back to a period the scheduler had passed.
 --                   Nothing: billing it is a person's decision (due_periods)
+--   not_billing_database  this database is a copy or a restore that was not
+--                   adopted (billing_database_problem()): nothing
 -- existing counts the period's records from before this tick.
 -- search_first_reason, when the tick claims more than the dispatcher's
 -- billguard.idempotency_window after the period became due: an earlier
@@ -127,6 +129,11 @@ BEGIN
   next_due_at := schedule.next_due_at;
   initiated := 0;
   existing := 0;
+  IF billguard.billing_database_problem() IS NOT NULL THEN
+    outcome := 'not_billing_database';
+    RETURN NEXT;
+    RETURN;
+  END IF;
   -- bill_period takes the same locks: the check and the claim are one step.
   -- The dispatcher waits for no lock: a session's open transaction must not
   -- halt all sending of this database.
@@ -178,13 +185,28 @@ CREATE FUNCTION billguard.never_issued(due_period text, issued jsonb)
                    to_date(due_period, 'YYYY-MM'), interval '1 month') AS m
            WHERE NOT issued ? to_char(m, 'YYYY-MM'));
 
+-- The periods issued before they were due at `at`: a clock that ran ahead
+-- (stepped a month forward, then back) billed them early, and accounts
+-- added since were not billed for them.
+CREATE FUNCTION billguard.issued_early(issued jsonb, at timestamptz, bill_day integer,
+                                       bill_hour_utc integer)
+  RETURNS text[]
+  LANGUAGE sql STABLE
+  SET search_path = pg_catalog, pg_temp
+  RETURN (SELECT coalesce(array_agg(i.period ORDER BY i.period), '{}')
+            FROM jsonb_array_elements_text(coalesce(issued, '[]'::jsonb)) AS i(period)
+           WHERE at < billguard.bill_instant(i.period, bill_day, bill_hour_utc));
+
 -- The due periods never issued, with the instant each became due. scheduled:
 -- the scheduler bills it by itself (the most recent, with auto_bill =
 -- monthly, unless a later period was issued: see issued_after()); it never
 -- bills the others: bill each deliberately with bill_period. records counts
--- what bill_customer claimed of it already.
+-- what bill_customer claimed of it already. issued_early: a period issued
+-- before it was due (see issued_early()), listed until it is due: once it
+-- is, bill_period bills the accounts added since.
 CREATE FUNCTION billguard.due_periods()
-  RETURNS TABLE (billing_period text, due_at timestamptz, records bigint, scheduled boolean)
+  RETURNS TABLE (billing_period text, due_at timestamptz, records bigint, scheduled boolean,
+                 issued_early boolean)
   LANGUAGE plpgsql STABLE SECURITY DEFINER
   SET search_path = pg_catalog, pg_temp
   AS $$
@@ -193,38 +215,46 @@ DECLARE
   schedule record;
   issued   jsonb;
   missed   text[];
+  early    text[];
+  at       timestamptz := (SELECT s.now FROM billguard.scheduler_settings() s);
 BEGIN
   SELECT * INTO schedule FROM billguard.current_schedule();
   issued := coalesce(billguard.entity_state('billing-scheduler') -> 'issued_periods', '[]'::jsonb);
   missed := billguard.never_issued(schedule.due_period, issued);
-  IF cardinality(missed) = 0 THEN
+  early := billguard.issued_early(issued, at, schedule.bill_day, schedule.bill_hour_utc);
+  IF cardinality(missed) = 0 AND cardinality(early) = 0 THEN
     RETURN;    -- no reason to read billing_records
   END IF;
   RETURN QUERY
     SELECT p.period,
            billguard.bill_instant(p.period, schedule.bill_day, schedule.bill_hour_utc),
            coalesce(r.records, 0),
-           p.period = schedule.due_period AND schedule.auto_bill = 'monthly'
-             AND billguard.issued_after(p.period, issued,
-                                        (SELECT s.now FROM billguard.scheduler_settings() s)) IS NULL
-      FROM unnest(missed) AS p(period)
+           NOT p.early AND p.period = schedule.due_period AND schedule.auto_bill = 'monthly'
+             AND billguard.issued_after(p.period, issued, at) IS NULL,
+           p.early
+      FROM (SELECT m, false FROM unnest(missed) AS m
+            UNION ALL SELECT e, true FROM unnest(early) AS e) AS p(period, early)
       LEFT JOIN (SELECT br.billing_period, count(*) AS records
                    FROM billguard.billing_records br
-                  WHERE br.billing_period = ANY (missed)
+                  WHERE br.billing_period = ANY (missed || early)
                   GROUP BY br.billing_period) r ON r.billing_period = p.period
      ORDER BY p.period;
 END $$;
 COMMENT ON FUNCTION billguard.due_periods() IS
-  'Due periods never issued; the scheduler bills only the most recent (scheduled), the rest only bill_period does.';
+  'Due periods never issued; the scheduler bills only the most recent (scheduled), the rest only bill_period does; and periods issued before they were due (issued_early).';
 
 -- The scheduler as billguard.scheduler_status shows it: enabled, the next
 -- instant it bills (in the past while the most recent due period waits to be
--- issued), the last period issued and when, and how many due periods the
--- scheduler will not bill by itself (see due_periods()).
+-- issued), the last period issued and when, how many due periods the
+-- scheduler will not bill by itself (see due_periods()), why it bills
+-- nothing now (this database is a copy or a restore not adopted, it shares
+-- its namespace, its tick waits for a lock) and how many periods were
+-- issued before they were due (see issued_early()).
 CREATE FUNCTION billguard.scheduler_state(
     OUT enabled boolean, OUT bill_day integer, OUT bill_hour_utc integer,
     OUT next_bill_at timestamptz, OUT last_period_issued text,
-    OUT last_period_issued_at timestamptz, OUT missed_periods bigint)
+    OUT last_period_issued_at timestamptz, OUT missed_periods bigint,
+    OUT pause_reason text, OUT issued_early bigint)
   LANGUAGE plpgsql STABLE SECURITY DEFINER
   SET search_path = pg_catalog, pg_temp
   AS $$
@@ -251,11 +281,16 @@ BEGIN
     billguard.never_issued(schedule.due_period,
                            coalesce(state -> 'issued_periods', '[]'::jsonb)),
     CASE WHEN scheduled THEN schedule.due_period END));
+  pause_reason := coalesce(billguard.billing_database_problem(),
+                           (SELECT d.scheduler_pause_reason FROM billguard.dispatcher_state() d));
+  issued_early := cardinality(billguard.issued_early(
+    state -> 'issued_periods', (SELECT s.now FROM billguard.scheduler_settings() s),
+    schedule.bill_day, schedule.bill_hour_utc));
 END $$;
 
 CREATE VIEW billguard.scheduler_status AS
 SELECT s.enabled, s.bill_day, s.bill_hour_utc, s.next_bill_at, s.last_period_issued,
-       s.last_period_issued_at, s.missed_periods
+       s.last_period_issued_at, s.missed_periods, s.pause_reason, s.issued_early
   FROM billguard.scheduler_state() s;
 COMMENT ON VIEW billguard.scheduler_status IS
-  'The scheduler of this database: enabled, when it bills next, the last period issued, older due periods never issued.';
+  'The scheduler of this database: enabled, when it bills next, the last period issued, older due periods never issued, why it bills nothing now, periods issued early.';
