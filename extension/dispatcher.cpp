@@ -229,7 +229,7 @@ class Dispatcher {
       Log("this database bills again");
       maybe_due_ = true;
     } else {
-      Log("sends nothing and bills no period: " + reason);
+      Log(reason);
       for (const ClaimedRecord& claimed : ready_) ReleaseClaimIfFree(claimed);
       ready_.clear();
     }

@@ -158,7 +158,8 @@ void TakeDispatcherSettings(bool log) {
     config_generic& setting = *all[i];
     if (!SetForDatabaseOrRole(setting)) continue;
     if (OwnValueOf(setting.name) == nullptr && !DependsOn(setting)) continue;
-    const char* current = CallPostgres([&] { return GetConfigOption(setting.name, false, false); });
+    const char* current =
+        CallPostgres([&] { return GetConfigOptionByName(setting.name, nullptr, false); });
     ignored.push_back({setting.name, current != nullptr ? current : ""});
     if (OwnValueOf(setting.name) == nullptr) taken_from_server.push_back(setting.name);
   }
@@ -169,7 +170,7 @@ void TakeDispatcherSettings(bool log) {
     // A read-only database is a fence the dispatcher honours (ReadOnlyFence).
     if (setting.name == "default_transaction_read_only") continue;
     const char* now =
-        CallPostgres([&] { return GetConfigOption(setting.name.c_str(), false, false); });
+        CallPostgres([&] { return GetConfigOptionByName(setting.name.c_str(), nullptr, false); });
     Log("ignores " + setting.name + " = '" + setting.value +
         "', set for this database or its role (ALTER DATABASE or ALTER ROLE ... SET): it runs "
         "with '" +

@@ -80,10 +80,12 @@ void ProcessUtility(PlannedStmt* statement, const char* query, bool read_only_tr
   if (creates_billguard) {
     RegisterCallbackOnce();
     request_at_commit = true;
-  } else if (IsA(node, AlterDatabaseStmt)) {
-    // ALLOW_CONNECTIONS false or IS_TEMPLATE true: the dispatcher leaves at
-    // once, so DROP DATABASE or CREATE DATABASE ... TEMPLATE that follows
-    // finds the database free.
+  } else if (IsA(node, AlterDatabaseStmt) || IsA(node, CreatedbStmt) || IsA(node, DropdbStmt) ||
+             (IsA(node, RenameStmt) && castNode(RenameStmt, node)->renameType == OBJECT_DATABASE)) {
+    // The launcher looks at pg_database again once it commits: a copy of a
+    // database with the extension is served at once, a renamed one under
+    // its new name; with ALLOW_CONNECTIONS false or IS_TEMPLATE true the
+    // dispatcher leaves.
     RegisterCallbackOnce();
     rescan_at_commit = true;
   }

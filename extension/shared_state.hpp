@@ -20,7 +20,7 @@ extern "C" {
 
 namespace billguard {
 
-constexpr int kPauseReasonSize = 256;
+constexpr int kPauseReasonSize = 512;
 // billguard.key_namespace as the dispatcher compares it with the others';
 // a longer one is compared by this much of it.
 constexpr int kNamespaceSize = 128;
