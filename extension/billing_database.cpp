@@ -27,6 +27,14 @@ std::string BillingDatabaseProblem() {
   return rows.empty() || !rows[0][0] ? "" : *rows[0][0];
 }
 
+bool HasCustomers() {
+  const std::vector<SqlRow> rows = ExecuteInTransaction(
+      "SELECT EXISTS (SELECT FROM billguard.billing_records) "
+      "OR EXISTS (SELECT FROM billguard.accounts)",
+      {});
+  return !rows.empty() && rows[0][0].value_or("f") == "t";
+}
+
 std::string KeyNamespaceConflict(bool bills) {
   const Oid first = CallPostgres([&] { return ClaimKeyNamespace(bills, settings::key_namespace); });
   if (first == InvalidOid) return "";

@@ -21,6 +21,10 @@ namespace billguard {
 // billguard.billing_database_problem(), in a transaction of its own.
 std::string BillingDatabaseProblem();
 
+// Whether the database has an account or a billing record, in a
+// transaction of its own.
+bool HasCustomers();
+
 // Registers the namespace this database bills with (when `bills`) and
 // answers why it must not ("" when it may): another served database of
 // this cluster, created earlier, bills with the same billguard.key_namespace,

@@ -216,14 +216,18 @@ class Dispatcher {
 
   // Whether this database bills its history (not a copy or a restore
   // waiting to be adopted) with a namespace no other database of the
-  // cluster bills with; checked at start, every poll_interval and after a
-  // reload. While it does not, it sends nothing and its scheduler bills
-  // nothing: halt_reason_ says why.
+  // cluster that has customers bills with; checked at start, every
+  // poll_interval and after a reload. While it does not, it sends nothing
+  // and its scheduler bills nothing: halt_reason_ says why.
   void CheckBillingDatabase() {
-    std::string reason = BillingDatabaseProblem();
-    const std::string conflict = KeyNamespaceConflict(reason.empty());
-    if (reason.empty()) reason = conflict;
     next_identity_check_ = Clock::now() + std::chrono::milliseconds(settings::poll_interval_ms);
+    std::string reason = BillingDatabaseProblem();
+    // A database with no account and no record (the proxy's ledger, say)
+    // takes no namespace; when the accounts are locked it keeps its answer.
+    Clock::time_point ignored{};
+    UnlessLockWait("looking for accounts", ignored, [&] { has_customers_ = HasCustomers(); });
+    const std::string conflict = KeyNamespaceConflict(reason.empty() && has_customers_);
+    if (reason.empty()) reason = conflict;
     if (reason == halt_reason_) return;
     if (reason.empty()) {
       Log("this database bills again");
@@ -679,6 +683,7 @@ class Dispatcher {
   bool paused_ = false;
   std::string pause_reason_;
   std::string halt_reason_;  // see CheckBillingDatabase
+  bool has_customers_ = false;
   Clock::time_point next_identity_check_{};
   std::string waiting_for_;   // see UnlessLockWait
   std::string waiting_step_;  // the step that waits, "" when none does

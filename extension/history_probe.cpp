@@ -42,8 +42,9 @@ HistoryProbe Probe() {
                        .at(0)[0]
                        .value_or("0"));
   }
-  // Before 0.2.0 every database billed its history.
-  if (probe.has_extension && found.at(0)[2].value_or("f") == "t") {
+  // Before 0.2.0 every database billed its history; once it is archived
+  // there is none to ask about.
+  if (probe.billing_records > 0 && found.at(0)[2].value_or("f") == "t") {
     probe.billing_database =
         !ExecuteInTransaction("SELECT billguard.billing_database_problem()", {})
              .at(0)[0]

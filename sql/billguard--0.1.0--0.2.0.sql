@@ -4860,12 +4860,13 @@ REVOKE ALL ON FUNCTION
 -- billing_database_problem(), adopt_database()); this database, updated in
 -- place, is the billing database of its history. The scheduler's tick
 -- answers not_billing_database in such a database. due_periods() lists
--- periods issued before they were due (issued_early), and scheduler_status
+-- periods issued before their month ended (issued_early), and scheduler_status
 -- says why the scheduler bills nothing now and how many periods were issued
 -- early; dispatch_status says what lock a dispatcher statement waits for.
 -- The DROP guard sees what a statement drops, cascades included, and holds
 -- with session_replication_role = replica, as do the triggers that keep the
--- journal, the billing records and the vault audit as they were.
+-- journal, the billing records, the vault audit and users' currency rows as
+-- they were.
 -- The CREATE EXTENSION billguard running now restores a dump (the
 -- ProcessUtility hook saw the session's settings; false without preloading).
 CREATE FUNCTION billguard.created_by_restore() RETURNS boolean
@@ -5086,15 +5087,14 @@ BEGIN
   RETURN NEXT;
 END $$;
 
-CREATE FUNCTION billguard.issued_early(issued jsonb, at timestamptz, bill_day integer,
-                                       bill_hour_utc integer)
+CREATE FUNCTION billguard.issued_early(issued jsonb, at timestamptz)
   RETURNS text[]
   LANGUAGE sql STABLE
   SET search_path = pg_catalog, pg_temp
   RETURN (SELECT coalesce(array_agg(i.period ORDER BY i.period), '{}')
             FROM jsonb_array_elements_text(coalesce(issued, '[]'::jsonb)) AS i(period)
-           WHERE at < billguard.bill_instant(i.period, bill_day, bill_hour_utc));
-REVOKE ALL ON FUNCTION billguard.issued_early(jsonb, timestamptz, integer, integer) FROM PUBLIC;
+           WHERE i.period COLLATE "C" >= to_char(at AT TIME ZONE 'UTC', 'YYYY-MM'));
+REVOKE ALL ON FUNCTION billguard.issued_early(jsonb, timestamptz) FROM PUBLIC;
 
 -- due_periods() gains issued_early: created anew (no grant on it can exist yet).
 DROP FUNCTION billguard.due_periods();
@@ -5115,7 +5115,7 @@ BEGIN
   SELECT * INTO schedule FROM billguard.current_schedule();
   issued := coalesce(billguard.entity_state('billing-scheduler') -> 'issued_periods', '[]'::jsonb);
   missed := billguard.never_issued(schedule.due_period, issued);
-  early := billguard.issued_early(issued, at, schedule.bill_day, schedule.bill_hour_utc);
+  early := billguard.issued_early(issued, at);
   IF cardinality(missed) = 0 AND cardinality(early) = 0 THEN
     RETURN;    -- no reason to read billing_records
   END IF;
@@ -5211,8 +5211,7 @@ BEGIN
   pause_reason := coalesce(billguard.billing_database_problem(),
                            (SELECT d.scheduler_pause_reason FROM billguard.dispatcher_state() d));
   issued_early := cardinality(billguard.issued_early(
-    state -> 'issued_periods', (SELECT s.now FROM billguard.scheduler_settings() s),
-    schedule.bill_day, schedule.bill_hour_utc));
+    state -> 'issued_periods', (SELECT s.now FROM billguard.scheduler_settings() s)));
 END $$;
 REVOKE ALL ON FUNCTION billguard.scheduler_state() FROM PUBLIC;
 CREATE OR REPLACE VIEW billguard.scheduler_status AS
@@ -5246,3 +5245,4 @@ ALTER TABLE billguard.journal ENABLE ALWAYS TRIGGER journal_append_only;
 ALTER TABLE billguard.billing_records ENABLE ALWAYS TRIGGER billing_records_keep_rows;
 ALTER TABLE billguard.billing_records ENABLE ALWAYS TRIGGER billing_records_frozen_identity;
 ALTER TABLE billguard.vault_audit ENABLE ALWAYS TRIGGER vault_audit_append_only;
+ALTER TABLE billguard.currencies ENABLE ALWAYS TRIGGER currencies_user_rows;

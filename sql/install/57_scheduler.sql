@@ -185,25 +185,25 @@ CREATE FUNCTION billguard.never_issued(due_period text, issued jsonb)
                    to_date(due_period, 'YYYY-MM'), interval '1 month') AS m
            WHERE NOT issued ? to_char(m, 'YYYY-MM'));
 
--- The periods issued before they were due at `at`: a clock that ran ahead
--- (stepped a month forward, then back) billed them early, and accounts
--- added since were not billed for them.
-CREATE FUNCTION billguard.issued_early(issued jsonb, at timestamptz, bill_day integer,
-                                       bill_hour_utc integer)
+-- The periods issued whose month has not ended at `at` (UTC): a clock that
+-- ran ahead (stepped a month forward, then back) billed them early, and
+-- accounts added since were not billed for them; or a person billed them in
+-- advance. A bill_day moved later is no such case: the month had ended.
+CREATE FUNCTION billguard.issued_early(issued jsonb, at timestamptz)
   RETURNS text[]
   LANGUAGE sql STABLE
   SET search_path = pg_catalog, pg_temp
   RETURN (SELECT coalesce(array_agg(i.period ORDER BY i.period), '{}')
             FROM jsonb_array_elements_text(coalesce(issued, '[]'::jsonb)) AS i(period)
-           WHERE at < billguard.bill_instant(i.period, bill_day, bill_hour_utc));
+           WHERE i.period COLLATE "C" >= to_char(at AT TIME ZONE 'UTC', 'YYYY-MM'));
 
 -- The due periods never issued, with the instant each became due. scheduled:
 -- the scheduler bills it by itself (the most recent, with auto_bill =
 -- monthly, unless a later period was issued: see issued_after()); it never
 -- bills the others: bill each deliberately with bill_period. records counts
 -- what bill_customer claimed of it already. issued_early: a period issued
--- before it was due (see issued_early()), listed until it is due: once it
--- is, bill_period bills the accounts added since.
+-- before its month ended (see issued_early()), listed until it has: once
+-- it is due, bill_period bills the accounts added since.
 CREATE FUNCTION billguard.due_periods()
   RETURNS TABLE (billing_period text, due_at timestamptz, records bigint, scheduled boolean,
                  issued_early boolean)
@@ -221,7 +221,7 @@ BEGIN
   SELECT * INTO schedule FROM billguard.current_schedule();
   issued := coalesce(billguard.entity_state('billing-scheduler') -> 'issued_periods', '[]'::jsonb);
   missed := billguard.never_issued(schedule.due_period, issued);
-  early := billguard.issued_early(issued, at, schedule.bill_day, schedule.bill_hour_utc);
+  early := billguard.issued_early(issued, at);
   IF cardinality(missed) = 0 AND cardinality(early) = 0 THEN
     RETURN;    -- no reason to read billing_records
   END IF;
@@ -249,7 +249,7 @@ COMMENT ON FUNCTION billguard.due_periods() IS
 -- scheduler will not bill by itself (see due_periods()), why it bills
 -- nothing now (this database is a copy or a restore not adopted, it shares
 -- its namespace, its tick waits for a lock) and how many periods were
--- issued before they were due (see issued_early()).
+-- issued before their month ended (see issued_early()).
 CREATE FUNCTION billguard.scheduler_state(
     OUT enabled boolean, OUT bill_day integer, OUT bill_hour_utc integer,
     OUT next_bill_at timestamptz, OUT last_period_issued text,
@@ -284,8 +284,7 @@ BEGIN
   pause_reason := coalesce(billguard.billing_database_problem(),
                            (SELECT d.scheduler_pause_reason FROM billguard.dispatcher_state() d));
   issued_early := cardinality(billguard.issued_early(
-    state -> 'issued_periods', (SELECT s.now FROM billguard.scheduler_settings() s),
-    schedule.bill_day, schedule.bill_hour_utc));
+    state -> 'issued_periods', (SELECT s.now FROM billguard.scheduler_settings() s)));
 END $$;
 
 CREATE VIEW billguard.scheduler_status AS

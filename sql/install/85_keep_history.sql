@@ -32,6 +32,7 @@ ALTER TABLE billguard.journal ENABLE ALWAYS TRIGGER journal_append_only;
 ALTER TABLE billguard.billing_records ENABLE ALWAYS TRIGGER billing_records_keep_rows;
 ALTER TABLE billguard.billing_records ENABLE ALWAYS TRIGGER billing_records_frozen_identity;
 ALTER TABLE billguard.vault_audit ENABLE ALWAYS TRIGGER vault_audit_append_only;
+ALTER TABLE billguard.currencies ENABLE ALWAYS TRIGGER currencies_user_rows;
 
 -- Retiring billguard and keeping its history: every table that holds users'
 -- data (the tables pg_dump carries) leaves the extension for archive_schema,
