@@ -223,9 +223,12 @@ class Dispatcher {
     next_identity_check_ = Clock::now() + std::chrono::milliseconds(settings::poll_interval_ms);
     std::string reason = BillingDatabaseProblem();
     // A database with no account and no record (the proxy's ledger, say)
-    // takes no namespace; when the accounts are locked it keeps its answer.
+    // takes no namespace. Records are never deleted: once it has customers
+    // it keeps them, and is not asked again. While the accounts are locked
+    // it keeps its answer.
     Clock::time_point ignored{};
-    UnlessLockWait("looking for accounts", ignored, [&] { has_customers_ = HasCustomers(); });
+    if (!has_customers_)
+      UnlessLockWait("looking for accounts", ignored, [&] { has_customers_ = HasCustomers(); });
     const std::string conflict = KeyNamespaceConflict(reason.empty() && has_customers_);
     if (reason.empty()) reason = conflict;
     if (reason == halt_reason_) return;

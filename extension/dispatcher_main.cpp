@@ -58,13 +58,17 @@ void ShutdownHttpAtExit(int /*code*/, Datum /*arg*/) {
 // other dispatcher serves it. A database without the extension is left at
 // once, so that no connection stays where billguard has nothing to do.
 bool ClaimThisDatabase() {
-  // Started just before a statement that needs the database without
-  // connections held it: that statement stops none it cannot see.
-  if (CallPostgres([] { return IsHeld(MyDatabaseId); })) return false;
   const uint64 requests_seen = CallPostgres([] { return ServiceRequests(); });
   if (InstalledExtensionVersion().empty()) {
     CallPostgres([&] { ForgetDatabase(MyDatabaseId, requests_seen); });
     Log(DEBUG1, "no billguard extension in this database");
+    return false;
+  }
+  // Started just before a statement that needs the database without
+  // connections held it (that statement stops no dispatcher it cannot
+  // see): leave, and have the launcher serve the database once it is over.
+  if (CallPostgres([] { return IsHeld(MyDatabaseId); })) {
+    CallPostgres([] { RequestService(MyDatabaseId); });
     return false;
   }
   int other_pid = 0;
@@ -141,10 +145,6 @@ extern "C" void billguard_dispatcher_main(Datum arg) {
   pgstat_report_appname("billguard dispatcher");
   billguard::GuardedCall("dispatcher", [&]() -> Datum {
     try {
-      // Answers are committed without waiting for the WAL flush: one lost
-      // in a crash is re-sent with the same key and replayed by Stripe, and
-      // a single-threaded worker must not pay a disk flush per charge.
-      // Claims still flush (billguard.claim_due_records).
       billguard::TakeDispatcherSettings();
       if (!billguard::ClaimThisDatabase()) return 0;
       billguard::WaitWhileReadOnly();

@@ -8,7 +8,8 @@
 #     by its cascade: DROP EXTENSION plpgsql CASCADE (before, it dropped
 #     billguard and its 20 records);
 #   - and every one of them with session_replication_role = replica, which
-#     turned the guard off before;
+#     turned the guard off before; DROP ROLE of the owner PostgreSQL refuses
+#     by itself;
 #   - pg_restore --clean into the database refuses to drop it too, and a
 #     billguard without records drops as before;
 #   - the way out: archive_history() refuses while records may still be
@@ -67,6 +68,11 @@ for my $node ($preloaded, $plain) {
 	}
 	is($node->safe_psql('postgres', q{SELECT string_agg(extname, ',' ORDER BY extname) FROM pg_extension
 		WHERE extname IN ('billguard', 'plpgsql')}), 'billguard,plpgsql', "$name: billguard and plpgsql are still there");
+	# DROP ROLE never cascades: PostgreSQL refuses the owner's.
+	my ($rc, $out, $err) = session($node, 'DROP ROLE billing_admin');
+	like($err, qr/ERROR:  role "billing_admin" cannot be dropped because some objects depend on it/,
+		"$name: DROP ROLE of the extension's owner is refused");
+	is(records($node), '20', "$name: after DROP ROLE every record is still there");
 }
 
 # pg_restore --clean drops and re-creates what it restores: not billguard's history.
