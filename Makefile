@@ -28,6 +28,11 @@ OBJS = \
 	extension/vault_credentials.o \
 	extension/dispatcher.o \
 	extension/dispatcher_main.o \
+	extension/dispatcher_settings.o \
+	extension/lock_waits.o \
+	extension/billing_database.o \
+	extension/database_statements.o \
+	extension/history_probe.o \
 	extension/dispatcher_status.o \
 	extension/scheduler_settings.o \
 	extension/scheduler.o \

@@ -18,8 +18,11 @@
 #include "stripe_response.hpp"
 #include "vault_key_request.hpp"
 
+#include "billing_database.hpp"
 #include "dispatch_queue.hpp"
 #include "dispatcher.hpp"
+#include "dispatcher_settings.hpp"
+#include "lock_waits.hpp"
 #include "module.hpp"
 #include "pg_boundary.hpp"
 #include "scheduler.hpp"
@@ -46,9 +49,9 @@ void Log(const std::string& message) {
   CallPostgres([&] { ereport(LOG, (errmsg("billguard dispatcher: %s", message.c_str()))); });
 }
 
-void PublishStatus(bool paused, const std::string& reason, int in_flight, int64 sent) {
-  CallPostgres([&] { PublishDispatcherStatus(paused, reason.c_str(), in_flight, sent); });
-}
+// How long a step that gave up waiting for a lock waits before it is
+// tried again, on top of the lock_timeout it waited already.
+constexpr auto kLockRetry = std::chrono::seconds(2);
 
 // SIGTERM: stop at the next pass of the loop, and cancel whatever the worker
 // may be waiting in (a lock, a slow statement) as a query cancel would, so
@@ -72,26 +75,33 @@ class Dispatcher {
     try {
       LoadSettings();
       WaitForExtension();
-      const long requeued = RequeueAbandoned();
-      if (requeued > 0) Log("re-sending " + std::to_string(requeued) + " records left dispatching");
+      RequeueAbandonedOnce();
+      CheckBillingDatabase();
       Log("started");
+      CallPostgres([] { ClearDispatcherFailure(); });
       while (!ShutdownRequestPending) {
         if (ConfigReloadPending) Reload();
-        TickScheduler();
+        if (Clock::now() >= next_identity_check_) CheckBillingDatabase();
+        if (halt_reason_.empty()) TickScheduler();
         TakeFinished(http_.Poll(in_flight_.empty() ? 0 : PollMilliseconds()));
         // Freed slots are refilled (from the records claimed ahead, then
         // from a claim) before anything is recorded, so that no slot idles
         // while a transaction runs.
         SendReady();
         const auto now = Clock::now();
-        if (!paused_ && now >= unreachable_until_ && (maybe_due_ || now >= next_poll_) &&
-            ClaimIntoReadyQueue(now)) {
-          // The answers that came in during the claim free slots too.
-          TakeFinished(http_.Poll(0));
+        if (!paused_ && halt_reason_.empty() && now >= unreachable_until_ &&
+            now >= claims_wait_until_ && (maybe_due_ || now >= next_poll_)) {
+          bool claimed = false;
+          if (UnlessLockWait("claiming due records", claims_wait_until_,
+                             [&] { claimed = ClaimIntoReadyQueue(now); }) &&
+              claimed) {
+            // The answers that came in during the claim free slots too.
+            TakeFinished(http_.Poll(0));
+          }
         }
         SendReady();
         if (RecordingDue(Clock::now())) RecordFinished(std::exchange(unrecorded_, {}));
-        PublishStatus(paused_, pause_reason_, static_cast<int>(in_flight_.size()), sent_);
+        PublishStatus();
         Wait();
       }
     } catch (const PostgresError&) {
@@ -165,8 +175,125 @@ class Dispatcher {
   void Reload() {
     ConfigReloadPending = false;
     CallPostgres([] { ProcessConfigFile(PGC_SIGHUP); });
+    RetakeDispatcherSettings();
     LoadSettings();
-    unreachable_until_ = {};  // a new api_base, say: try at once
+    unreachable_until_ = {};    // a new api_base, say: try at once
+    next_identity_check_ = {};  // billguard.key_namespace may have changed
+    // A fence raised with a reload stops the dispatcher before its next
+    // write fails; the next one waits for the fence to be lifted. What is
+    // in flight is re-sent with the same key then.
+    const std::string fence = ReadOnlyFence();
+    if (!fence.empty()) {
+      Log(fence + "; stopping, the next dispatcher waits");
+      ShutdownRequestPending = true;
+    }
+  }
+
+  void PublishStatus() {
+    DispatcherStatus status;
+    status.paused = paused_ || !halt_reason_.empty();
+    strlcpy(status.pause_reason, (halt_reason_.empty() ? pause_reason_ : halt_reason_).c_str(),
+            sizeof(status.pause_reason));
+    status.in_flight = static_cast<int>(in_flight_.size());
+    status.requests_sent = sent_;
+    const std::string& scheduler_waits = SchedulerWaitingFor();
+    const std::string waiting = waiting_for_ +
+                                (!waiting_for_.empty() && !scheduler_waits.empty() ? "; " : "") +
+                                scheduler_waits;
+    strlcpy(status.waiting_for, waiting.c_str(), sizeof(status.waiting_for));
+    strlcpy(status.scheduler_pause_reason,
+            (halt_reason_.empty() ? scheduler_waits : halt_reason_).c_str(),
+            sizeof(status.scheduler_pause_reason));
+    CallPostgres([&] { PublishDispatcherStatus(status); });
+  }
+
+  void PublishPaused(const std::string& reason) {
+    DispatcherStatus status;
+    status.paused = true;
+    strlcpy(status.pause_reason, reason.c_str(), sizeof(status.pause_reason));
+    CallPostgres([&] { PublishDispatcherStatus(status); });
+  }
+
+  // Whether this database bills its history (not a copy or a restore
+  // waiting to be adopted) with a namespace no other database of the
+  // cluster that has customers bills with; checked at start, every
+  // poll_interval and after a reload. While it does not, it sends nothing
+  // and its scheduler bills nothing: halt_reason_ says why.
+  void CheckBillingDatabase() {
+    next_identity_check_ = Clock::now() + std::chrono::milliseconds(settings::poll_interval_ms);
+    std::string reason = BillingDatabaseProblem();
+    // A database with no account and no record (the proxy's ledger, say)
+    // takes no namespace. Records are never deleted: once it has customers
+    // it keeps them, and is not asked again. While the accounts are locked
+    // it keeps its answer.
+    Clock::time_point ignored{};
+    if (!has_customers_)
+      UnlessLockWait("looking for accounts", ignored, [&] { has_customers_ = HasCustomers(); });
+    const std::string conflict = KeyNamespaceConflict(reason.empty() && has_customers_);
+    if (reason.empty()) reason = conflict;
+    if (reason == halt_reason_) return;
+    if (reason.empty()) {
+      Log("this database bills again");
+      maybe_due_ = true;
+    } else {
+      Log(reason);
+      for (const ClaimedRecord& claimed : ready_) ReleaseClaimIfFree(claimed);
+      ready_.clear();
+    }
+    halt_reason_ = reason;
+    PublishStatus();
+  }
+
+  // Runs `step`; when it gave up waiting for a lock, says what it waited
+  // for (dispatch_status, the log) and holds the step off until `retry_at`
+  // rather than ending the worker. False when it did.
+  template <typename Step>
+  bool UnlessLockWait(const char* what, Clock::time_point& retry_at, Step&& step) {
+    try {
+      step();
+    } catch (const PostgresError& error) {
+      if (ShutdownRequestPending || !IsLockTimeout(error)) throw;
+      const std::string waiting =
+          std::string(what) + " gave up waiting " + std::to_string(kLockTimeoutMs) +
+          " ms for a lock: " + DescribeLockHolders() + "; trying again every " +
+          std::to_string(std::chrono::seconds(kLockRetry).count()) + " s";
+      if (waiting_step_ != what) Log(waiting);
+      waiting_step_ = what;
+      waiting_for_ = waiting;
+      retry_at = Clock::now() + kLockRetry;
+      return false;
+    }
+    if (waiting_step_ == what) {
+      Log(std::string(what) + ": the lock it waited for is free");
+      waiting_step_.clear();
+      waiting_for_.clear();
+    }
+    return true;
+  }
+
+  // At start: rows a previous dispatcher left 'dispatching' are due now.
+  void RequeueAbandonedOnce() {
+    Clock::time_point retry_at{};
+    while (!ShutdownRequestPending) {
+      long requeued = 0;
+      if (UnlessLockWait("requeueing the records left dispatching", retry_at,
+                         [&] { requeued = RequeueAbandoned(); })) {
+        if (requeued > 0)
+          Log("re-sending " + std::to_string(requeued) + " records left dispatching");
+        return;
+      }
+      PublishStatus();
+      WaitLatchFor(std::chrono::duration_cast<std::chrono::milliseconds>(kLockRetry).count());
+      if (ConfigReloadPending) Reload();
+    }
+  }
+
+  // A claimed record that is not sent goes back to the queue; when its row
+  // is locked it waits for its lease to run out instead.
+  void ReleaseClaimIfFree(const ClaimedRecord& claimed) {
+    Clock::time_point ignored{};
+    UnlessLockWait("returning a claimed record to the queue", ignored,
+                   [&] { ReleaseClaim(claimed); });
   }
 
   void Pause(const std::string& reason) {
@@ -175,7 +302,7 @@ class Dispatcher {
     pause_reason_ = reason;
     // Claimed but unsent records go back to the queue at once, rather than
     // waiting in 'dispatching' for their lease to expire.
-    for (const ClaimedRecord& claimed : ready_) ReleaseClaim(claimed);
+    for (const ClaimedRecord& claimed : ready_) ReleaseClaimIfFree(claimed);
     ready_.clear();
     Log("paused: " + reason + "; fix it and reload the configuration (SIGHUP)");
   }
@@ -194,11 +321,11 @@ class Dispatcher {
                                  installed + ", the library is " EXTVERSION;
       if (reason != waiting_for) Log(reason);
       waiting_for = reason;
-      PublishStatus(true, reason, 0, 0);
+      PublishPaused(reason);
       WaitLatchFor(settings::poll_interval_ms);
       if (ConfigReloadPending) Reload();
     }
-    PublishStatus(paused_, pause_reason_, 0, sent_);
+    PublishStatus();
   }
 
   // Claims due records ahead of the free slots, in batches: up to half of
@@ -371,7 +498,18 @@ class Dispatcher {
       judged.push_back(Judge(finished));
       if (judged.back().outcome == Outcome::kBlocked) NameTheCap(judged.back());
     }
-    const std::vector<Recorded> recorded = RecordAnswers(judged);
+    std::vector<Recorded> recorded;
+    Clock::time_point retry_at{};
+    if (!UnlessLockWait("recording answers", retry_at, [&] { recorded = RecordAnswers(judged); })) {
+      // Kept, and recorded once the lock is free; had the lease run out
+      // first, the record would be re-sent with its key and Stripe would
+      // replay the answer.
+      for (Finished& finished : batch) {
+        finished.retry_at = retry_at;
+        deferred_.push_back(std::move(finished));
+      }
+      return;
+    }
     for (std::size_t i = 0; i < batch.size(); ++i) {
       AfterRecording(std::move(batch[i]), judged[i], recorded[i]);
     }
@@ -477,7 +615,7 @@ class Dispatcher {
     if (now < unreachable_until_) return;
     const int seconds = std::min(1 << std::min(unreachable_streak_++, 5), 30);
     unreachable_until_ = now + std::chrono::seconds(seconds);
-    for (const ClaimedRecord& claimed : ready_) ReleaseClaim(claimed);
+    for (const ClaimedRecord& claimed : ready_) ReleaseClaimIfFree(claimed);
     ready_.clear();
     Log("Stripe is unreachable (" + PrintableExcerpt(why, 200) + "), nothing was sent; trying " +
         "again in " + std::to_string(seconds) + " s");
@@ -512,8 +650,12 @@ class Dispatcher {
       }
     }
     // Statistics held back by pgstat_report_stat's rate limit are flushed
-    // by the time this returns (PostgresMain does the same when idle).
-    const long stats_ms = CallPostgres([] { return pgstat_report_stat(false); });
+    // before a sleep: it measures its interval from the last commit, so an
+    // idle worker would hold the end of a burst back until its next
+    // transaction, and autovacuum would not see it for weeks. While busy the
+    // rate limit holds, and the wait ends when the next flush is allowed.
+    const bool going_idle = in_flight_.empty() && ready_.empty() && timeout_ms != 0;
+    const long stats_ms = CallPostgres([going_idle] { return pgstat_report_stat(going_idle); });
     if (stats_ms > 0) timeout_ms = timeout_ms > 0 ? std::min(timeout_ms, stats_ms) : timeout_ms;
     if (WaitLatchFor(timeout_ms)) maybe_due_ = true;
   }
@@ -543,6 +685,12 @@ class Dispatcher {
   std::unordered_map<std::string, VaultCredential> vault_keys_;  // by billing period
   bool paused_ = false;
   std::string pause_reason_;
+  std::string halt_reason_;  // see CheckBillingDatabase
+  bool has_customers_ = false;
+  Clock::time_point next_identity_check_{};
+  std::string waiting_for_;   // see UnlessLockWait
+  std::string waiting_step_;  // the step that waits, "" when none does
+  Clock::time_point claims_wait_until_{};
   bool maybe_due_ = true;
   Clock::time_point next_poll_{};
   std::deque<ClaimedRecord> ready_;  // claimed, waiting for their paced start

@@ -6,7 +6,9 @@
 #include "dispatch_queue.hpp"
 #include "dispatcher.hpp"
 #include "pg_boundary.hpp"
+#include "database_worker.hpp"
 #include "dispatcher_main.hpp"
+#include "dispatcher_settings.hpp"
 #include "shared_state.hpp"
 
 #include "module.hpp"
@@ -62,6 +64,13 @@ bool ClaimThisDatabase() {
     Log(DEBUG1, "no billguard extension in this database");
     return false;
   }
+  // Started just before a statement that needs the database without
+  // connections held it (that statement stops no dispatcher it cannot
+  // see): leave, and have the launcher serve the database once it is over.
+  if (CallPostgres([] { return IsHeld(MyDatabaseId); })) {
+    CallPostgres([] { RequestService(MyDatabaseId); });
+    return false;
+  }
   int other_pid = 0;
   const Claim claim = CallPostgres([&] {
     before_shmem_exit(ReleaseAtExit, 0);
@@ -79,46 +88,46 @@ bool ClaimThisDatabase() {
 
 // An HA manager fences a primary it demotes, and a node it promotes until
 // it is ready, with default_transaction_read_only = on (pg_auto_failover
-// does both); so may an operator. Rather than fail at its first write and
-// be started again every few seconds, the dispatcher waits until a reload
-// lifts it, and claims nothing meanwhile.
+// does both); so may an operator, for the server or with ALTER DATABASE
+// for one database. Rather than fail at its first write and be started
+// again every few seconds, the dispatcher waits until the fence is lifted,
+// and claims nothing meanwhile. The database's setting is read from the
+// catalog at every poll, so lifting it shows without a new connection.
 void WaitWhileReadOnly() {
-  constexpr const char* kReason =
-      "the server is read-only (default_transaction_read_only = on): waiting until it is not";
-  if (!DefaultXactReadOnly) return;
-  Log(LOG, kReason);
-  CallPostgres([&] { PublishDispatcherStatus(true, kReason, 0, 0); });
-  while (!ShutdownRequestPending && DefaultXactReadOnly) {
+  std::string reason = ReadOnlyFence();
+  if (reason.empty()) return;
+  Log(LOG, reason.c_str());
+  const bool server = reason.rfind("the server", 0) == 0;
+  DispatcherStatus status;
+  status.paused = true;
+  strlcpy(status.pause_reason, reason.c_str(), sizeof(status.pause_reason));
+  CallPostgres([&] { PublishDispatcherStatus(status); });
+  while (!ShutdownRequestPending && !reason.empty()) {
     CallPostgres([] {
       const int rc = WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
                                billguard::settings::poll_interval_ms, PG_WAIT_EXTENSION);
       if (rc & WL_LATCH_SET) ResetLatch(MyLatch);
       CHECK_FOR_INTERRUPTS();
-      if (ConfigReloadPending) {
-        ConfigReloadPending = false;
-        ProcessConfigFile(PGC_SIGHUP);
-      }
     });
+    if (ConfigReloadPending) {
+      ConfigReloadPending = false;
+      CallPostgres([] { ProcessConfigFile(PGC_SIGHUP); });
+      RetakeDispatcherSettings();
+    }
+    reason = ReadOnlyFence();
   }
-  if (!ShutdownRequestPending) Log(LOG, "the server is writable again");
+  if (!ShutdownRequestPending)
+    Log(LOG, server ? "the server is writable again" : "this database is writable again");
 }
 
 }  // namespace
 
 bool StartDispatcher(Oid database, const char* name, BackgroundWorkerHandle** handle) {
-  BackgroundWorker worker;
-  memset(&worker, 0, sizeof(worker));
-  worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-  worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
   // The launcher restarts it; the postmaster forgets it after a crash.
-  worker.bgw_restart_time = BGW_NEVER_RESTART;
-  strlcpy(worker.bgw_library_name, "billguard", BGW_MAXLEN);
-  strlcpy(worker.bgw_function_name, "billguard_dispatcher_main", BGW_MAXLEN);
-  snprintf(worker.bgw_name, BGW_MAXLEN, "billguard dispatcher for %s", name);
+  BackgroundWorker worker =
+      DatabaseWorker("billguard_dispatcher_main", "billguard dispatcher for", name, database);
   strlcpy(worker.bgw_type, "billguard dispatcher", BGW_MAXLEN);
   strlcpy(worker.bgw_extra, name, NAMEDATALEN);
-  worker.bgw_main_arg = ObjectIdGetDatum(database);
-  worker.bgw_notify_pid = MyProcPid;  // the launcher's latch is set when it starts and stops
   return CallPostgres([&] { return RegisterDynamicBackgroundWorker(&worker, handle); });
 }
 
@@ -134,23 +143,21 @@ extern "C" void billguard_dispatcher_main(Datum arg) {
   error_context_stack = &billguard::database_context;
   BackgroundWorkerInitializeConnectionByOid(DatumGetObjectId(arg), InvalidOid, 0);
   pgstat_report_appname("billguard dispatcher");
-  // The worker runs as a superuser: its own statements resolve names in
-  // pg_catalog only, whatever ALTER ROLE or ALTER DATABASE set.
-  SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_USERSET, PGC_S_SESSION);
-
-  // Answers are committed without waiting for the WAL flush: one lost in a
-  // crash is re-sent with the same key and replayed by Stripe, and a
-  // single-threaded worker must not pay a disk flush per charge. Claims
-  // still flush (billguard.claim_due_records).
-  SetConfigOption("synchronous_commit", "off", PGC_USERSET, PGC_S_SESSION);
   billguard::GuardedCall("dispatcher", [&]() -> Datum {
-    if (!billguard::ClaimThisDatabase()) return 0;
-    billguard::WaitWhileReadOnly();
-    if (ShutdownRequestPending) return 0;
-    billguard::InitializeHttp();
-    billguard::http_initialized = true;
-    billguard::CallPostgres([] { on_proc_exit(billguard::ShutdownHttpAtExit, 0); });
-    billguard::RunDispatcher();
+    try {
+      billguard::TakeDispatcherSettings();
+      if (!billguard::ClaimThisDatabase()) return 0;
+      billguard::WaitWhileReadOnly();
+      if (ShutdownRequestPending) return 0;
+      billguard::InitializeHttp();
+      billguard::http_initialized = true;
+      billguard::CallPostgres([] { on_proc_exit(billguard::ShutdownHttpAtExit, 0); });
+      billguard::RunDispatcher();
+    } catch (const std::exception& failure) {
+      // Kept for dispatch_status while the launcher starts the next one.
+      billguard::CallPostgres([&] { billguard::PublishDispatcherFailure(failure.what()); });
+      throw;
+    }
     return 0;
   });
   proc_exit(0);

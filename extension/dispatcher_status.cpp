@@ -38,6 +38,12 @@ std::string NotServedBecause(const ServiceReport& report) {
   if (!report.has_entry && report.no_free_entry)
     return "billguard serves at most max_worker_processes (" +
            std::to_string(max_worker_processes) + ") databases";
+  if (report.has_entry && report.entry.last_failure[0] != '\0') {
+    const char* at = CallPostgres([&] { return timestamptz_to_str(report.entry.last_failure_at); });
+    return "the dispatcher failed at its start or in its loop (" +
+           std::to_string(report.entry.failures) + " times in a row, the last at " + at +
+           "): " + report.entry.last_failure + "; the launcher starts it again every 2 s";
+  }
   return "no dispatcher runs yet: the launcher starts one";
 }
 
@@ -46,7 +52,7 @@ struct StateRow {
   TimestampTz started_at;
   DispatcherStatus status;
   bool wakeup_registered;
-  char not_served[512];
+  char not_served[768];
 };
 
 StateRow CollectState() {
@@ -71,8 +77,8 @@ Datum BuildDispatcherState(FunctionCallInfo fcinfo, const StateRow& row) {
                     errmsg("dispatcher_state() must return a composite type")));
   }
   descriptor = BlessTupleDesc(descriptor);
-  Datum values[8];
-  bool nulls[8] = {false, false, false, false, false, false, false, false};
+  Datum values[10];
+  bool nulls[10] = {false, false, false, false, false, false, false, false, false, false};
   values[0] = Int32GetDatum(row.pid);
   nulls[0] = row.pid == 0;
   values[1] = TimestampTzGetDatum(row.started_at);
@@ -85,6 +91,10 @@ Datum BuildDispatcherState(FunctionCallInfo fcinfo, const StateRow& row) {
   values[6] = BoolGetDatum(row.wakeup_registered);
   values[7] = CStringGetTextDatum(row.not_served);
   nulls[7] = row.not_served[0] == '\0';
+  values[8] = CStringGetTextDatum(row.status.waiting_for);
+  nulls[8] = row.status.waiting_for[0] == '\0';
+  values[9] = CStringGetTextDatum(row.status.scheduler_pause_reason);
+  nulls[9] = row.status.scheduler_pause_reason[0] == '\0';
   return HeapTupleGetDatum(heap_form_tuple(descriptor, values, nulls));
 }
 

@@ -1,6 +1,9 @@
 // Commit-time wake-ups (see dispatcher_wakeup.hpp).
 #include "pg_boundary.hpp"
+#include "billing_database.hpp"
+#include "database_statements.hpp"
 #include "dispatcher_wakeup.hpp"
+#include "history_guard.hpp"
 #include "shared_state.hpp"
 
 extern "C" {
@@ -50,22 +53,39 @@ void ProcessUtility(PlannedStmt* statement, const char* query, bool read_only_tr
                     ProcessUtilityContext context, ParamListInfo params,
                     QueryEnvironment* environment, DestReceiver* destination,
                     QueryCompletion* completion) {
-  if (previous_utility_hook != nullptr) {
-    previous_utility_hook(statement, query, read_only_tree, context, params, environment,
-                          destination, completion);
-  } else {
-    standard_ProcessUtility(statement, query, read_only_tree, context, params, environment,
+  Node* node = statement->utilityStmt;
+  const bool creates_billguard =
+      IsA(node, CreateExtensionStmt) &&
+      strcmp(castNode(CreateExtensionStmt, node)->extname, "billguard") == 0;
+  NameCurrentCommand(GetCommandTagName(CreateCommandTag(node)));
+  PG_TRY();
+  {
+    if (creates_billguard) NoteCreateExtensionSession();
+    PrepareDatabaseStatement(node);
+    if (previous_utility_hook != nullptr) {
+      previous_utility_hook(statement, query, read_only_tree, context, params, environment,
                             destination, completion);
+    } else {
+      standard_ProcessUtility(statement, query, read_only_tree, context, params, environment,
+                              destination, completion);
+    }
   }
-  const Node* node = statement->utilityStmt;
-  if (IsA(node, CreateExtensionStmt) &&
-      strcmp(castNode(CreateExtensionStmt, node)->extname, "billguard") == 0) {
+  PG_FINALLY();
+  {
+    // The script's own statements come through here too.
+    if (creates_billguard) ForgetCreateExtensionSession();
+    EndDatabaseStatement();
+  }
+  PG_END_TRY();
+  if (creates_billguard) {
     RegisterCallbackOnce();
     request_at_commit = true;
-  } else if (IsA(node, AlterDatabaseStmt)) {
-    // ALLOW_CONNECTIONS false or IS_TEMPLATE true: the dispatcher leaves at
-    // once, so DROP DATABASE or CREATE DATABASE ... TEMPLATE that follows
-    // finds the database free.
+  } else if (IsA(node, AlterDatabaseStmt) || IsA(node, CreatedbStmt) || IsA(node, DropdbStmt) ||
+             (IsA(node, RenameStmt) && castNode(RenameStmt, node)->renameType == OBJECT_DATABASE)) {
+    // The launcher looks at pg_database again once it commits: a copy of a
+    // database with the extension is served at once, a renamed one under
+    // its new name; with ALLOW_CONNECTIONS false or IS_TEMPLATE true the
+    // dispatcher leaves.
     RegisterCallbackOnce();
     rescan_at_commit = true;
   }

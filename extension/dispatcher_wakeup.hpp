@@ -5,9 +5,10 @@
 //   CREATE EXTENSION billguard   wakes the launcher to serve the database,
 //                                without a restart (any version's script,
 //                                and pg_restore's, run through it);
-//   ALTER DATABASE               wakes the launcher to look again: a database
-//                                that no longer allows connections or became
-//                                a template is left at once.
+//   ALTER, CREATE, DROP DATABASE wake the launcher to look again: a database
+//   and ALTER DATABASE ... RENAME that no longer allows connections or became
+//                                a template is left at once, a copy of one
+//                                with the extension is served at once.
 // Without preloading neither happens, and no dispatcher runs at all.
 #pragma once
 

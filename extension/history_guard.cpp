@@ -1,148 +1,114 @@
-// Event trigger function billguard.protect_history(): DROP EXTENSION
-// billguard, DROP SCHEMA billguard and DROP OWNED BY the role owning either
-// (with or without CASCADE) would drop billguard.billing_records, and a
-// billguard installed again would claim, and charge, periods already billed.
-// They are refused while that table holds rows; archive_history() moves the
-// history out of the extension first.
+// What keeps a statement from dropping billguard's billing history: while
+// billguard.billing_records holds rows, any statement whose deletions reach
+// that table is refused, whatever it names: DROP EXTENSION billguard, DROP
+// SCHEMA billguard, DROP OWNED BY their owner, and the cascades that reach
+// billguard from elsewhere (DROP EXTENSION plpgsql CASCADE, DROP LANGUAGE
+// plpgsql CASCADE). A billguard installed again would claim, and charge,
+// periods already billed; archive_history() moves the history out of the
+// extension first.
 //
-// It runs at ddl_command_start, before anything is dropped, and reads the
-// statement from the parse tree: a sql_drop trigger would be dropped with
-// the extension before it could object. PostgreSQL loads billguard.so to
-// call it, so it guards every session, preloaded or not.
+// PostgreSQL calls the object access hook for every object a statement
+// deletes, cascades included, just before it goes, so the guard sees what
+// a statement drops rather than what it names. The hook is installed when
+// the library is preloaded, and otherwise by the event trigger
+// billguard_protect_history, which PostgreSQL fires before every DROP in
+// this database (ENABLE ALWAYS: with session_replication_role = replica
+// too) and which loads billguard.so to do so. DROP DATABASE is guarded by
+// the preloaded ProcessUtility hook (database_statements.cpp).
+#include "history_guard.hpp"
+
 #include "pg_boundary.hpp"
 
 extern "C" {
-#include "access/genam.h"
-#include "access/htup_details.h"
+#include "access/relscan.h"
 #include "access/table.h"
-#include "catalog/pg_extension.h"
-#include "catalog/pg_namespace.h"
+#include "access/tableam.h"
+#include "catalog/dependency.h"
+#include "catalog/namespace.h"
+#include "catalog/objectaccess.h"
+#include "catalog/pg_class.h"
 #include "commands/event_trigger.h"
-#include "executor/spi.h"
-#include "nodes/parsenodes.h"
-#include "utils/acl.h"
-#include "utils/builtins.h"
-#include "utils/fmgroids.h"
+#include "executor/tuptable.h"
 #include "utils/lsyscache.h"
-#include "utils/syscache.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
 
 PG_FUNCTION_INFO_V1(billguard_protect_history);
 }
 
+namespace billguard {
+
 namespace {
 
-// What a statement must name to drop billguard.
-struct Installation {
-  bool installed = false;
-  Oid schema = InvalidOid;
-  const char* schema_name = nullptr;
-  Oid extension_owner = InvalidOid;
-  Oid schema_owner = InvalidOid;
-};
+object_access_hook_type previous_object_access_hook = nullptr;
+bool guard_installed = false;
+// The command the event trigger saw last, for the message.
+char current_command[NAMEDATALEN] = "this statement";
 
-Installation FindInstallation() {
-  Installation found;
-  Relation catalog = table_open(ExtensionRelationId, AccessShareLock);
-  ScanKeyData key;
-  ScanKeyInit(&key, Anum_pg_extension_extname, BTEqualStrategyNumber, F_NAMEEQ,
-              CStringGetDatum("billguard"));
-  SysScanDesc scan = systable_beginscan(catalog, ExtensionNameIndexId, true, nullptr, 1, &key);
-  HeapTuple tuple = systable_getnext(scan);
-  if (HeapTupleIsValid(tuple)) {
-    const auto* extension = reinterpret_cast<Form_pg_extension>(GETSTRUCT(tuple));
-    found.installed = true;
-    found.schema = extension->extnamespace;
-    found.extension_owner = extension->extowner;
-  }
-  systable_endscan(scan);
-  table_close(catalog, AccessShareLock);
-  if (found.installed) {
-    HeapTuple schema = SearchSysCache1(NAMESPACEOID, ObjectIdGetDatum(found.schema));
-    if (HeapTupleIsValid(schema)) {
-      const auto* form = reinterpret_cast<Form_pg_namespace>(GETSTRUCT(schema));
-      found.schema_name = pstrdup(NameStr(form->nspname));
-      found.schema_owner = form->nspowner;
-      ReleaseSysCache(schema);
-    }
-  }
-  return found;
+// Plain PostgreSQL code: the visible rows of `relation`.
+int64 VisibleRows(Oid relation) {
+  Relation rel = table_open(relation, AccessShareLock);
+  Snapshot snapshot = RegisterSnapshot(GetLatestSnapshot());
+  TableScanDesc scan = table_beginscan(rel, snapshot, 0, nullptr);
+  TupleTableSlot* slot = table_slot_create(rel, nullptr);
+  int64 rows = 0;
+  while (table_scan_getnextslot(scan, ForwardScanDirection, slot)) ++rows;
+  ExecDropSingleTupleTableSlot(slot);
+  table_endscan(scan);
+  UnregisterSnapshot(snapshot);
+  table_close(rel, NoLock);
+  return rows;
 }
 
-bool NamesInclude(List* names, const char* name) {
-  ListCell* cell;
-  foreach (cell, names) {
-    if (strcmp(strVal(lfirst(cell)), name) == 0) return true;
-  }
-  return false;
-}
-
-bool DropsBillguard(Node* statement, const Installation& billguard) {
-  if (IsA(statement, DropStmt)) {
-    const auto* drop = reinterpret_cast<DropStmt*>(statement);
-    if (drop->removeType == OBJECT_EXTENSION) return NamesInclude(drop->objects, "billguard");
-    if (drop->removeType == OBJECT_SCHEMA && billguard.schema_name != nullptr) {
-      return NamesInclude(drop->objects, billguard.schema_name);
-    }
-    return false;
-  }
-  if (IsA(statement, DropOwnedStmt)) {
-    ListCell* cell;
-    foreach (cell, reinterpret_cast<DropOwnedStmt*>(statement)->roles) {
-      const Oid role = get_rolespec_oid(static_cast<RoleSpec*>(lfirst(cell)), true);
-      if (role == billguard.extension_owner || role == billguard.schema_owner) return true;
-    }
-  }
-  return false;
-}
-
-int64 BillingRecordCount(const Installation& billguard) {
-  if (billguard.schema_name == nullptr ||
-      !OidIsValid(get_relname_relid("billing_records", billguard.schema))) {
-    return 0;
-  }
-  const char* query =
-      psprintf("SELECT count(*) FROM %s",
-               quote_qualified_identifier(billguard.schema_name, "billing_records"));
-  SPI_connect();
-  if (SPI_execute(query, true, 1) != SPI_OK_SELECT || SPI_processed != 1) {
-    ereport(ERROR, (errmsg("billguard: could not count billing records")));
-  }
-  bool is_null = false;
-  const int64 count =
-      DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null));
-  SPI_finish();
-  return count;
-}
-
-// Plain C-style PostgreSQL code: it may ereport, so it owns no C++ objects
-// and runs inside CallPostgres.
-void ProtectHistory(FunctionCallInfo fcinfo) {
-  if (!CALLED_AS_EVENT_TRIGGER(fcinfo)) {
-    ereport(ERROR, (errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-                    errmsg("billguard.protect_history() is an event trigger function")));
-  }
-  const auto* event = reinterpret_cast<EventTriggerData*>(fcinfo->context);
-  const Installation billguard = FindInstallation();
-  if (!billguard.installed || !DropsBillguard(event->parsetree, billguard)) return;
-  const int64 records = BillingRecordCount(billguard);
+// Plain PostgreSQL code: refuses the deletion of billguard.billing_records
+// while it holds rows.
+void GuardDrop(ObjectAccessType access, Oid class_id, Oid object_id, int sub_id, void* arg) {
+  if (previous_object_access_hook != nullptr)
+    previous_object_access_hook(access, class_id, object_id, sub_id, arg);
+  if (access != OAT_DROP || class_id != RelationRelationId || sub_id != 0) return;
+  const Oid schema = get_namespace_oid("billguard", true);
+  if (!OidIsValid(schema) || object_id != get_relname_relid("billing_records", schema)) return;
+  const int64 records = VisibleRows(object_id);
   if (records == 0) return;
-  const char* command = GetCommandTagName(event->tag);
   ereport(ERROR,
           (errcode(ERRCODE_DEPENDENT_OBJECTS_STILL_EXIST),
-           errmsg("%s would drop billguard's billing history (%lld billing records)", command,
-                  static_cast<long long>(records)),
+           errmsg("%s would drop billguard's billing history (%lld billing records)",
+                  current_command, static_cast<long long>(records)),
            errdetail("A billguard installed again without them would claim, and charge, periods "
                      "that are already billed."),
            errhint("Archive the history first: SELECT * FROM "
                    "billguard.archive_history('billguard_archive'); then run %s again.",
-                   command)));
+                   current_command)));
 }
 
 }  // namespace
 
+void NameCurrentCommand(const char* tag) {
+  strlcpy(current_command, tag, sizeof(current_command));
+}
+
+void InstallHistoryGuard() {
+  if (guard_installed) return;
+  previous_object_access_hook = object_access_hook;
+  object_access_hook = GuardDrop;
+  guard_installed = true;
+}
+
+}  // namespace billguard
+
+// Event trigger function billguard.protect_history(), at ddl_command_start
+// of every DROP: installs the guard in this session and names the command.
 extern "C" Datum billguard_protect_history(PG_FUNCTION_ARGS) {
   return billguard::GuardedCall("protect_history", [&]() -> Datum {
-    billguard::CallPostgres([&] { ProtectHistory(fcinfo); });
+    billguard::CallPostgres([&] {
+      if (!CALLED_AS_EVENT_TRIGGER(fcinfo)) {
+        ereport(ERROR, (errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+                        errmsg("billguard.protect_history() is an event trigger function")));
+      }
+      const auto* event = reinterpret_cast<EventTriggerData*>(fcinfo->context);
+      billguard::NameCurrentCommand(GetCommandTagName(event->tag));
+      billguard::InstallHistoryGuard();
+    });
     fcinfo->isnull = true;
     return Datum(0);
   });

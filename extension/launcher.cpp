@@ -89,6 +89,7 @@ class Launcher {
       if (!NotServedReason(database).empty()) continue;
       auto known = databases_.find(database.oid);
       served[database.oid] = known != databases_.end() ? known->second : Watched{database.name};
+      served[database.oid].name = database.name;  // ALTER DATABASE ... RENAME TO
       if (known != databases_.end()) databases_.erase(known);
     }
     // What is left was dropped or is no longer served: StopUnserved stops its dispatcher.
@@ -157,6 +158,9 @@ class Launcher {
       }
       const auto entry = entries.find(database);
       if (entry != entries.end() && entry->second != 0) continue;  // served
+      // A statement that needs it without connections runs (DROP DATABASE,
+      // RENAME, a TEMPLATE copy): neither a dispatcher nor a probe now.
+      if (CallPostgres([database] { return IsHeld(database); })) continue;
       const bool has_extension = entry != entries.end();
       if (watched.probed && !has_extension) continue;
       if (has_extension && now < watched.restart_at) {

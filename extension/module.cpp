@@ -5,6 +5,7 @@
 #include "api_base.hpp"
 
 #include "dispatcher_wakeup.hpp"
+#include "history_guard.hpp"
 #include "launcher.hpp"
 #include "module.hpp"
 #include "shared_state.hpp"
@@ -269,6 +270,7 @@ extern "C" void _PG_init(void) {
     return;
   }
   billguard::InstallSharedState();
+  billguard::InstallHistoryGuard();
   billguard::InstallTerminalWakeups();
   billguard::InstallCreateExtensionHook();
   billguard::RegisterLauncher();

@@ -2,6 +2,8 @@
 // crash-only like the rest of it; the next one ticks again at its start.
 #include <string>
 
+#include "dispatcher_settings.hpp"
+#include "lock_waits.hpp"
 #include "module.hpp"
 #include "pg_boundary.hpp"
 #include "scheduler.hpp"
@@ -27,6 +29,9 @@ SELECT t.billing_period, t.outcome, t.initiated, t.existing,
 // While a session bills the due period itself, the tick is tried again
 // after this rather than waiting for that session's lock.
 constexpr long kBusyRetryMs = 1000;
+// A tick that gave up waiting for a lock (a session holding
+// billguard.accounts locked, say) is tried again after this.
+constexpr long kLockRetryMs = 5000;
 
 void Log(int level, const std::string& message) {
   CallPostgres([&] { ereport(level, (errmsg("billguard scheduler: %s", message.c_str()))); });
@@ -59,11 +64,14 @@ class Scheduler {
       settings_ = SchedulerSettings::Current();
       started_ = true;
       next_tick_ = 0;
+      waiting_for_.clear();
       Announce(was_enabled);
     }
     if (!Enabled() || GetCurrentTimestamp() < next_tick_) return;
     Run();
   }
+
+  const std::string& WaitingFor() const { return waiting_for_; }
 
  private:
   bool Enabled() const { return settings_.auto_bill == settings::kAutoBillMonthly; }
@@ -83,7 +91,22 @@ class Scheduler {
   }
 
   void Run() {
-    const std::vector<SqlRow> rows = ExecuteInTransaction(kTickSql, {});
+    std::vector<SqlRow> rows;
+    try {
+      rows = ExecuteInTransaction(kTickSql, {});
+    } catch (const PostgresError& error) {
+      if (!IsLockTimeout(error)) throw;
+      const std::string waiting =
+          "the scheduler's tick gave up waiting " + std::to_string(kLockTimeoutMs) +
+          " ms for a lock: " + DescribeLockHolders() + "; trying again every " +
+          std::to_string(kLockRetryMs / 1000) + " s";
+      if (waiting_for_.empty()) Log(WARNING, waiting);
+      waiting_for_ = waiting;
+      next_tick_ = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), kLockRetryMs);
+      return;
+    }
+    if (!waiting_for_.empty()) Log(LOG, "the lock the tick waited for is free");
+    waiting_for_.clear();
     const SqlRow& row = rows.at(0);
     const std::string period = row[0].value_or("");
     const std::string outcome = row[1].value_or("");
@@ -102,6 +125,12 @@ class Scheduler {
       return;
     }
     busy_ = false;
+    if (outcome == "not_billing_database") {
+      // The dispatcher found it too, or will at its next look, and halts.
+      Log(LOG, "bills nothing: this database is not the billing database of its history");
+      next_tick_ = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), kBusyRetryMs);
+      return;
+    }
     if (outcome == "billed") {
       // Claimed late: each record is searched for at Stripe before it is sent.
       const std::string search_first =
@@ -135,7 +164,8 @@ class Scheduler {
   }
 
   bool started_ = false;
-  bool busy_ = false;  // the last tick found the period's lock taken
+  bool busy_ = false;        // the last tick found the period's lock taken
+  std::string waiting_for_;  // the lock the last tick gave up waiting for
   SchedulerSettings settings_;
   TimestampTz next_tick_ = 0;  // the clock's instant of the next tick
 };
@@ -146,6 +176,10 @@ Scheduler scheduler;
 
 void TickScheduler() {
   scheduler.Tick();
+}
+
+const std::string& SchedulerWaitingFor() {
+  return scheduler.WaitingFor();
 }
 
 }  // namespace billguard

@@ -6,11 +6,17 @@
 // (sql/install/57_scheduler.sql); this only decides when to ask.
 #pragma once
 
+#include <string>
+
 namespace billguard {
 
 // One call per pass of the dispatcher's loop. Asks billguard.scheduler_tick()
 // at the first pass, once the next bill instant has passed and after the
 // scheduler's settings change; in between it costs a clock read.
 void TickScheduler();
+
+// What the last tick gave up waiting for ("" when it did not): a lock
+// another session holds, tried again every few seconds.
+const std::string& SchedulerWaitingFor();
 
 }  // namespace billguard

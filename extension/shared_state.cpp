@@ -1,6 +1,9 @@
 // billguard's shared memory (see shared_state.hpp).
 #include "shared_state.hpp"
 
+#include <cerrno>
+#include <csignal>
+
 extern "C" {
 #include "miscadmin.h"
 #include "storage/ipc.h"
@@ -13,12 +16,20 @@ namespace billguard {
 
 namespace {
 
+// A database held by a backend (see HoldDatabase).
+struct Hold {
+  Oid database;
+  int holder_pid;
+  HistoryProbe probe;
+};
+
 struct SharedState {
   LWLock* lock;
   int launcher_pid;  // 0 while the launcher is not running
   Latch* launcher_latch;
   bool out_of_worker_slots;
   uint64 service_requests;
+  Hold holds[kMaxHolds];
   int capacity;  // entries that follow this struct
 };
 
@@ -52,7 +63,7 @@ void AttachSharedState() {
   entries = reinterpret_cast<ServedDatabase*>(reinterpret_cast<char*>(shared) +
                                               MAXALIGN(sizeof(SharedState)));
   if (!found) {
-    memset(shared, 0, SharedSize());
+    memset(static_cast<void*>(shared), 0, SharedSize());
     shared->lock = &(GetNamedLWLockTranche(kName))->lock;
     shared->capacity = Capacity();
   }
@@ -126,15 +137,51 @@ void ReleaseDatabase() {
   WakeLauncherLocked();
 }
 
-void PublishDispatcherStatus(bool paused, const char* reason, int in_flight, int64 sent) {
+void PublishDispatcherStatus(const DispatcherStatus& status) {
   if (shared == nullptr) return;
   Locked locked(LW_EXCLUSIVE);
   ServedDatabase* entry = Find(MyDatabaseId);
   if (entry == nullptr || entry->pid != MyProcPid) return;
-  entry->status.paused = paused;
-  strlcpy(entry->status.pause_reason, reason, sizeof(entry->status.pause_reason));
-  entry->status.in_flight = in_flight;
-  entry->status.requests_sent = sent;
+  entry->status = status;
+}
+
+void PublishDispatcherFailure(const char* message) {
+  if (shared == nullptr) return;
+  Locked locked(LW_EXCLUSIVE);
+  ServedDatabase* entry = Find(MyDatabaseId);
+  if (entry == nullptr || (entry->pid != MyProcPid && entry->pid != 0)) return;
+  strlcpy(entry->last_failure, message, sizeof(entry->last_failure));
+  entry->last_failure_at = GetCurrentTimestamp();
+  ++entry->failures;
+}
+
+void ClearDispatcherFailure() {
+  if (shared == nullptr) return;
+  Locked locked(LW_EXCLUSIVE);
+  ServedDatabase* entry = Find(MyDatabaseId);
+  if (entry == nullptr || entry->pid != MyProcPid) return;
+  entry->last_failure[0] = '\0';
+  entry->last_failure_at = 0;
+  entry->failures = 0;
+}
+
+Oid ClaimKeyNamespace(bool bills, const char* key_namespace) {
+  if (shared == nullptr) return InvalidOid;
+  Locked locked(LW_EXCLUSIVE);
+  ServedDatabase* entry = Find(MyDatabaseId);
+  if (entry == nullptr || entry->pid != MyProcPid) return InvalidOid;
+  entry->bills = bills;
+  strlcpy(entry->key_namespace, key_namespace, sizeof(entry->key_namespace));
+  if (!bills) return InvalidOid;
+  Oid first = InvalidOid;
+  for (int i = 0; i < shared->capacity; ++i) {
+    const ServedDatabase& other = entries[i];
+    if (other.database == InvalidOid || other.database == MyDatabaseId || !other.bills) continue;
+    if (strcmp(other.key_namespace, entry->key_namespace) != 0) continue;
+    if (other.database < MyDatabaseId && (first == InvalidOid || other.database < first))
+      first = other.database;
+  }
+  return first;
 }
 
 uint64 ServiceRequests() {
@@ -216,6 +263,74 @@ void SetOutOfWorkerSlots(bool out) {
   if (shared == nullptr) return;
   Locked locked(LW_EXCLUSIVE);
   shared->out_of_worker_slots = out;
+}
+
+bool HoldDatabase(Oid database) {
+  if (shared == nullptr) return true;
+  Locked locked(LW_EXCLUSIVE);
+  for (Hold& hold : shared->holds) {
+    if (hold.holder_pid == 0) {
+      hold = {database, MyProcPid, HistoryProbe()};
+      return true;
+    }
+  }
+  return false;
+}
+
+void ReleaseHolds() {
+  if (shared == nullptr) return;
+  Locked locked(LW_EXCLUSIVE);
+  bool released = false;
+  for (Hold& hold : shared->holds) {
+    if (hold.holder_pid != MyProcPid) continue;
+    hold = {InvalidOid, 0, HistoryProbe()};
+    released = true;
+  }
+  if (!released) return;
+  // A renamed or copied database is served again; a dropped one forgotten.
+  ++shared->service_requests;
+  WakeLauncherLocked();
+}
+
+void PublishHistoryProbe(Oid database, int holder_pid, const HistoryProbe& probe) {
+  if (shared == nullptr) return;
+  Locked locked(LW_EXCLUSIVE);
+  for (Hold& hold : shared->holds) {
+    if (hold.holder_pid == holder_pid && hold.database == database) hold.probe = probe;
+  }
+}
+
+HistoryProbe TakeHistoryProbe(Oid database) {
+  if (shared == nullptr) return HistoryProbe();
+  Locked locked(LW_SHARED);
+  for (const Hold& hold : shared->holds) {
+    if (hold.holder_pid == MyProcPid && hold.database == database) return hold.probe;
+  }
+  return HistoryProbe();
+}
+
+bool IsHeld(Oid database) {
+  if (shared == nullptr) return false;
+  Locked locked(LW_EXCLUSIVE);
+  bool held = false;
+  for (Hold& hold : shared->holds) {
+    if (hold.holder_pid == 0 || hold.database != database) continue;
+    // A backend that ended without releasing (a crash restart frees the
+    // whole table) holds nothing.
+    if (kill(hold.holder_pid, 0) != 0 && errno == ESRCH) {
+      hold = {InvalidOid, 0, HistoryProbe()};
+      continue;
+    }
+    held = true;
+  }
+  return held;
+}
+
+int DispatcherPidOf(Oid database) {
+  if (shared == nullptr) return 0;
+  Locked locked(LW_SHARED);
+  const ServedDatabase* entry = Find(database);
+  return entry != nullptr ? entry->pid : 0;
 }
 
 ServiceReport ReportService(Oid database) {

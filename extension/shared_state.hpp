@@ -20,7 +20,10 @@ extern "C" {
 
 namespace billguard {
 
-constexpr int kPauseReasonSize = 256;
+constexpr int kPauseReasonSize = 512;
+// billguard.key_namespace as the dispatcher compares it with the others';
+// a longer one is compared by this much of it.
+constexpr int kNamespaceSize = 128;
 
 // What a dispatcher reports about itself (billguard.dispatch_status).
 struct DispatcherStatus {
@@ -28,6 +31,10 @@ struct DispatcherStatus {
   char pause_reason[kPauseReasonSize] = {0};
   int in_flight = 0;
   int64 requests_sent = 0;
+  // A lock one of its statements gave up waiting for, tried again later.
+  char waiting_for[kPauseReasonSize] = {0};
+  // Why its scheduler bills nothing now, though auto_bill may be on.
+  char scheduler_pause_reason[kPauseReasonSize] = {0};
 };
 
 // One served database, as dispatcher_state() reports it.
@@ -37,6 +44,15 @@ struct ServedDatabase {
   Latch* latch = nullptr;     // that dispatcher's wake-up latch
   TimestampTz started_at = 0;
   DispatcherStatus status;
+  // The error that ended its last dispatcher, and how many in a row ended
+  // so since one reached its loop: what dispatch_status says while none runs.
+  char last_failure[kPauseReasonSize] = {0};
+  TimestampTz last_failure_at = 0;
+  int failures = 0;
+  // The namespace it bills with, while it is the billing database; kept
+  // while its dispatcher restarts, so that no other takes it meanwhile.
+  bool bills = false;
+  char key_namespace[kNamespaceSize] = {0};
 };
 
 // What the launcher reports, with the entry of one database.
@@ -59,7 +75,15 @@ Claim ClaimDatabase(int* other_pid);
 // Withdraws them (before ProcKill, while MyLatch is the shared latch) and
 // wakes the launcher to start the next one.
 void ReleaseDatabase();
-void PublishDispatcherStatus(bool paused, const char* reason, int in_flight, int64 sent);
+void PublishDispatcherStatus(const DispatcherStatus& status);
+// The error that is ending this dispatcher (kept for dispatch_status), and
+// the start that reached the loop, which clears it.
+void PublishDispatcherFailure(const char* message);
+void ClearDispatcherFailure();
+// Whether this database bills with `key_namespace` (false: it bills
+// nothing); the served database of lowest OID that bills with the same
+// namespace, if another one does: of two, the one created later yields.
+Oid ClaimKeyNamespace(bool bills, const char* key_namespace);
 // A counter of requests to the launcher (CREATE EXTENSION billguard, ALTER
 // DATABASE). A dispatcher that finds no extension forgets the database's
 // entry only when no request came in since it read the counter, so that a
@@ -90,5 +114,37 @@ void SetOutOfWorkerSlots(bool out);
 
 // ---- billguard.dispatcher_state() ----
 ServiceReport ReportService(Oid database);
+
+// ---- statements that need a database without connections ----
+// DROP DATABASE, ALTER DATABASE ... RENAME or SET TABLESPACE and CREATE
+// DATABASE ... TEMPLATE fail while another session is connected to the
+// database. The backend running one holds the database: the launcher
+// starts no dispatcher nor probe there, and the running dispatcher, if any,
+// is stopped; once the statement is over (or the backend gone) the hold
+// ends and the launcher serves the database again.
+constexpr int kMaxHolds = 16;
+// False when kMaxHolds databases are held already.
+bool HoldDatabase(Oid database);
+// Ends every hold of this backend.
+void ReleaseHolds();
+// Whether a live backend holds the database (the launcher asks).
+bool IsHeld(Oid database);
+// The pid of the database's dispatcher, 0 when none runs.
+int DispatcherPidOf(Oid database);
+
+// What a probe of a held database found (the DROP DATABASE guard): a
+// background worker connects to it, as no backend can read another database.
+struct HistoryProbe {
+  bool done = false;
+  bool has_extension = false;
+  int64 billing_records = 0;
+  // Not a copy or a restore waiting to be adopted (billing_database_problem()).
+  bool billing_database = true;
+  char error[kPauseReasonSize] = {0};
+};
+// The probe's answer, for the backend that holds `database`.
+void PublishHistoryProbe(Oid database, int holder_pid, const HistoryProbe& probe);
+// The answer of the probe this backend started for `database`.
+HistoryProbe TakeHistoryProbe(Oid database);
 
 }  // namespace billguard

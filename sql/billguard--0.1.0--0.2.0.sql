@@ -5962,3 +5962,399 @@ CREATE FUNCTION billguard.record_search_result(
                                  'customer', found_customer)) END)),
           NULL::interval) a);
 REVOKE ALL ON FUNCTION billguard.record_search_result(text, integer, text, integer, text, text, text, bigint, text, text) FROM PUBLIC;
+
+-- ==== Copies, restores, DROP DATABASE and cascades; the dispatcher's own settings ====
+-- A copy made with CREATE DATABASE ... TEMPLATE and a dump restored into a
+-- new database send nothing and bill no period until an operator adopts
+-- them (billguard.installation, billguard.billing_installations,
+-- billing_database_problem(), adopt_database()); this database, updated in
+-- place, is the billing database of its history. The scheduler's tick
+-- answers not_billing_database in such a database. due_periods() lists
+-- periods issued before their month ended (issued_early), and scheduler_status
+-- says why the scheduler bills nothing now and how many periods were issued
+-- early; dispatch_status says what lock a dispatcher statement waits for.
+-- The DROP guard sees what a statement drops, cascades included, and holds
+-- with session_replication_role = replica, as do the triggers that keep the
+-- journal, the billing records, the vault audit and users' currency rows as
+-- they were.
+-- The CREATE EXTENSION billguard running now restores a dump (the
+-- ProcessUtility hook saw the session's settings; false without preloading).
+CREATE FUNCTION billguard.created_by_restore() RETURNS boolean
+  LANGUAGE c VOLATILE
+  SET search_path = pg_catalog, pg_temp
+  AS 'MODULE_PATHNAME', 'billguard_created_by_restore';
+
+CREATE TABLE billguard.installation (
+  singleton              boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+  installation_id        text NOT NULL UNIQUE,
+  database_oid           oid NOT NULL,
+  database_name          name NOT NULL,
+  system_identifier      bigint NOT NULL,
+  installed_at           timestamptz NOT NULL DEFAULT now(),
+  -- CREATE EXTENSION ran in a restore: the history arrives after it.
+  created_by_restore     boolean NOT NULL DEFAULT false,
+  creator_pid            integer,
+  creator_started_at     timestamptz,
+  adopted_at             timestamptz,
+  adopted_by             name,
+  -- The installations that had billed the history when it was adopted.
+  adopted_installations  text[]
+);
+COMMENT ON TABLE billguard.installation IS
+  'This database''s installation of billguard; never dumped: a copy or a restore is told apart by it.';
+
+CREATE TABLE billguard.billing_installations (
+  installation_id    text PRIMARY KEY,
+  database_name      name NOT NULL,
+  database_oid       oid NOT NULL,
+  system_identifier  bigint NOT NULL,
+  began_at           timestamptz NOT NULL DEFAULT now(),
+  how                text NOT NULL CHECK (how IN ('installed', 'adopted'))
+);
+COMMENT ON TABLE billguard.billing_installations IS
+  'Every installation of billguard that billed this history: dumped with it.';
+SELECT pg_catalog.pg_extension_config_dump('billguard.billing_installations', '');
+
+WITH me AS (
+  SELECT gen_random_uuid()::text AS id, d.oid, d.datname,
+         (SELECT c.system_identifier FROM pg_control_system() c) AS system_identifier
+    FROM pg_database d WHERE d.datname = current_database()
+), installed AS (
+  INSERT INTO billguard.installation (installation_id, database_oid, database_name,
+                                      system_identifier, created_by_restore, creator_pid,
+                                      creator_started_at)
+  SELECT me.id, me.oid, me.datname, me.system_identifier, billguard.created_by_restore(),
+         pg_backend_pid(), (SELECT a.backend_start FROM pg_stat_activity a WHERE a.pid = pg_backend_pid())
+    FROM me
+)
+INSERT INTO billguard.billing_installations (installation_id, database_name, database_oid,
+                                             system_identifier, how)
+SELECT me.id, me.datname, me.oid, me.system_identifier, 'installed' FROM me;
+
+-- Why this database does not bill its history, or NULL when it does.
+CREATE FUNCTION billguard.billing_database_problem() RETURNS text
+  LANGUAGE plpgsql STABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+DECLARE
+  me     billguard.installation;
+  others text;
+  why    text;
+BEGIN
+  SELECT * INTO me FROM billguard.installation;
+  IF NOT FOUND THEN
+    why := 'billguard.installation, which names the database that installed billguard here, is empty';
+  ELSIF me.database_oid <> (SELECT d.oid FROM pg_database d WHERE d.datname = current_database()) THEN
+    why := format('this database is a copy of database %s (CREATE DATABASE ... TEMPLATE, or a copy '
+                  'of its files), which bills this history', quote_ident(me.database_name));
+  ELSIF me.created_by_restore AND me.adopted_at IS NULL THEN
+    why := 'this database was restored from a dump (its CREATE EXTENSION billguard ran in a '
+           'restore), and the database it was dumped from bills this history';
+  ELSE
+    SELECT string_agg(DISTINCT quote_ident(b.database_name), ', ') INTO others
+      FROM billguard.billing_installations b
+     WHERE b.installation_id <> me.installation_id
+       AND b.installation_id <> ALL (coalesce(me.adopted_installations, '{}'));
+    IF others IS NOT NULL THEN
+      why := format('this database''s billing history came from database %s (a dump restored '
+                    'here), which bills it', others);
+    END IF;
+  END IF;
+  IF why IS NULL THEN
+    RETURN NULL;
+  END IF;
+  RETURN why || ': it sends nothing and bills no period until an operator adopts it as the '
+             || 'billing database (SELECT billguard.adopt_database())';
+END $$;
+
+-- Makes this database the billing database of its history, once a person
+-- has made sure the one it came from no longer bills it. Refused while a
+-- restore into it still runs.
+CREATE FUNCTION billguard.adopt_database() RETURNS text
+  LANGUAGE plpgsql SECURITY DEFINER
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+DECLARE
+  problem   text := billguard.billing_database_problem();
+  here      oid := (SELECT d.oid FROM pg_database d WHERE d.datname = current_database());
+  history   regclass[] := (SELECT e.extconfig FROM pg_extension e WHERE e.extname = 'billguard');
+  me        billguard.installation;
+  restoring text;
+  new_id    text := gen_random_uuid()::text;
+  sysid     bigint := (SELECT c.system_identifier FROM pg_control_system() c);
+BEGIN
+  IF problem IS NULL THEN
+    RETURN 'this database bills its history already: nothing to adopt';
+  END IF;
+  SELECT * INTO me FROM billguard.installation FOR UPDATE;
+  SELECT format('pid %s, %s', a.pid, coalesce(nullif(a.application_name, ''), 'no application_name'))
+    INTO restoring
+    FROM pg_stat_activity a
+   WHERE a.datid = here AND a.pid <> pg_backend_pid()
+     AND (a.application_name = 'pg_restore'
+          OR (me.created_by_restore AND a.pid = me.creator_pid
+              AND a.backend_start = me.creator_started_at))
+   LIMIT 1;
+  IF restoring IS NOT NULL THEN
+    RAISE EXCEPTION 'the restore into this database still runs (%)', restoring
+      USING ERRCODE = 'object_not_in_prerequisite_state',
+            HINT = 'Adopt the database once the restore has finished.';
+  END IF;
+  BEGIN
+    EXECUTE format('LOCK TABLE %s IN SHARE MODE NOWAIT', array_to_string(history, ', '));
+  EXCEPTION WHEN lock_not_available THEN
+    RAISE EXCEPTION 'a session is writing billguard''s tables (a restore that still runs?)'
+      USING ERRCODE = 'object_not_in_prerequisite_state',
+            HINT = 'Adopt the database once the restore has finished.';
+  END;
+
+  DELETE FROM billguard.installation;
+  INSERT INTO billguard.installation (installation_id, database_oid, database_name,
+                                      system_identifier, installed_at, created_by_restore,
+                                      adopted_at, adopted_by, adopted_installations)
+  VALUES (new_id, here, current_database(), sysid, coalesce(me.installed_at, now()),
+          coalesce(me.created_by_restore, false), now(), session_user,
+          (SELECT array_agg(b.installation_id ORDER BY b.began_at, b.installation_id)
+             FROM billguard.billing_installations b));
+  INSERT INTO billguard.billing_installations (installation_id, database_name, database_oid,
+                                               system_identifier, how)
+  VALUES (new_id, current_database(), here, sysid, 'adopted');
+  PERFORM pg_advisory_xact_lock(billguard.scheduler_lock_class(), 0);
+  PERFORM billguard.append_event('billing-scheduler', billguard.highest_seq_nr('billing-scheduler'),
+                                 'DatabaseAdopted',
+                                 jsonb_build_object('database', current_database(),
+                                                    'installation_id', new_id,
+                                                    'adopted_by', session_user,
+                                                    'was', problem));
+  PERFORM billguard.wake_dispatcher();
+  RETURN 'adopted: this database bills its history from now on';
+END $$;
+COMMENT ON FUNCTION billguard.adopt_database() IS
+  'Makes a copy or a restored database the one that bills its history; refused while a restore into it runs.';
+REVOKE ALL ON TABLE billguard.installation, billguard.billing_installations FROM PUBLIC;
+REVOKE ALL ON FUNCTION billguard.created_by_restore(), billguard.billing_database_problem(),
+  billguard.adopt_database() FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION billguard.scheduler_tick()
+  RETURNS TABLE (billing_period text, outcome text, initiated bigint, existing bigint,
+                 due_at timestamptz, next_due_at timestamptz, search_first_reason text)
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+#variable_conflict use_column
+DECLARE
+  schedule record;
+  claimed  record;
+  state    jsonb;
+  issued   jsonb;
+  tick_at  timestamptz := (SELECT s.now FROM billguard.scheduler_settings() s);
+  trusted  interval := current_setting('billguard.idempotency_window')::interval;
+BEGIN
+  -- A failover must not lose a tick whose claims it replicated.
+  PERFORM set_config('synchronous_commit', 'on', true);
+  SELECT * INTO schedule FROM billguard.current_schedule();
+  billing_period := schedule.due_period;
+  due_at := schedule.due_at;
+  next_due_at := schedule.next_due_at;
+  initiated := 0;
+  existing := 0;
+  IF billguard.billing_database_problem() IS NOT NULL THEN
+    outcome := 'not_billing_database';
+    RETURN NEXT;
+    RETURN;
+  END IF;
+  -- bill_period takes the same locks: the check and the claim are one step.
+  -- The dispatcher waits for no lock: a session's open transaction must not
+  -- halt all sending of this database.
+  IF NOT pg_try_advisory_xact_lock(billguard.period_lock_class(), hashtext(schedule.due_period))
+     OR NOT pg_try_advisory_xact_lock(billguard.scheduler_lock_class(), 0) THEN
+    outcome := 'busy';
+    RETURN NEXT;
+    RETURN;
+  END IF;
+  state := billguard.entity_state('billing-scheduler');
+  issued := state -> 'issued_periods';
+  IF issued ? schedule.due_period THEN
+    outcome := 'already_issued';
+  ELSIF billguard.issued_after(schedule.due_period, state, tick_at) IS NOT NULL THEN
+    outcome := 'passed';
+  ELSE
+    IF tick_at > schedule.due_at + trusted THEN
+      search_first_reason := format(
+        'the scheduler claimed %s %s after it became due (%s), past billguard.idempotency_window '
+        '(%s): a charge made for it before (a restored backup that lost the tick) may have a key '
+        'Stripe has forgotten',
+        schedule.due_period, justify_hours(date_trunc('second', tick_at - schedule.due_at)),
+        to_char(schedule.due_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI "UTC"'),
+        current_setting('billguard.idempotency_window'));
+    END IF;
+    SELECT * INTO claimed FROM billguard.claim_period(schedule.due_period, search_first_reason);
+    initiated := claimed.initiated;
+    existing := claimed.already_completed + claimed.in_progress + claimed.failed + claimed.cancelled;
+    outcome := CASE WHEN initiated = 0 AND existing > 0 THEN 'already_billed' ELSE 'billed' END;
+    IF initiated = 0 THEN
+      search_first_reason := NULL;   -- no record carries it
+    END IF;
+  END IF;
+  RETURN NEXT;
+END $$;
+
+CREATE FUNCTION billguard.issued_early(issued jsonb, at timestamptz)
+  RETURNS text[]
+  LANGUAGE sql STABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  RETURN (SELECT coalesce(array_agg(i.period ORDER BY i.period), '{}')
+            FROM jsonb_array_elements_text(coalesce(issued, '[]'::jsonb)) AS i(period)
+           WHERE i.period COLLATE "C" >= to_char(at AT TIME ZONE 'UTC', 'YYYY-MM'));
+REVOKE ALL ON FUNCTION billguard.issued_early(jsonb, timestamptz) FROM PUBLIC;
+
+-- due_periods() gains issued_early: created anew (no grant on it can exist yet).
+DROP FUNCTION billguard.due_periods();
+CREATE FUNCTION billguard.due_periods()
+  RETURNS TABLE (billing_period text, due_at timestamptz, records bigint, scheduled boolean,
+                 issued_early boolean)
+  LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY DEFINER
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+#variable_conflict use_column
+DECLARE
+  schedule record;
+  state    jsonb := billguard.entity_state('billing-scheduler');
+  issued   jsonb := coalesce(state -> 'issued_periods', '[]'::jsonb);
+  missed   text[];
+  early    text[];
+  at       timestamptz := (SELECT s.now FROM billguard.scheduler_settings() s);
+BEGIN
+  SELECT * INTO schedule FROM billguard.current_schedule();
+  missed := billguard.never_issued(schedule.due_period, issued);
+  early := billguard.issued_early(issued, at);
+  IF cardinality(missed) = 0 AND cardinality(early) = 0 THEN
+    RETURN;    -- no reason to read billing_records
+  END IF;
+  RETURN QUERY
+    SELECT p.period,
+           billguard.bill_instant(p.period, schedule.bill_day, schedule.bill_hour_utc),
+           coalesce(r.records, 0),
+           NOT p.early AND p.period = schedule.due_period AND schedule.auto_bill = 'monthly'
+             AND billguard.issued_after(p.period, state, at) IS NULL,
+           p.early
+      FROM (SELECT m, false FROM unnest(missed) AS m
+            UNION ALL SELECT e, true FROM unnest(early) AS e) AS p(period, early)
+      LEFT JOIN (SELECT br.billing_period, count(*) AS records
+                   FROM billguard.billing_records br
+                  WHERE br.billing_period = ANY (missed || early)
+                  GROUP BY br.billing_period) r ON r.billing_period = p.period
+     ORDER BY p.period;
+END $$;
+COMMENT ON FUNCTION billguard.due_periods() IS
+  'Due periods never issued; the scheduler bills only the most recent (scheduled), the rest only bill_period does; and periods issued before they were due (issued_early).';
+REVOKE ALL ON FUNCTION billguard.due_periods() FROM PUBLIC;
+
+-- scheduler_state() and dispatcher_state() gain columns, so they are created
+-- anew; their views are re-pointed with CREATE OR REPLACE, never dropped, so
+-- that the grants operators hold on them survive the update.
+ALTER FUNCTION billguard.scheduler_state() RENAME TO scheduler_state_before_pause;
+ALTER FUNCTION billguard.dispatcher_state() RENAME TO dispatcher_state_before_waits;
+CREATE FUNCTION billguard.dispatcher_state(
+    OUT pid integer, OUT started_at timestamptz, OUT paused boolean, OUT pause_reason text,
+    OUT in_flight integer, OUT requests_sent bigint, OUT wakeup_registered boolean,
+    OUT not_served_reason text, OUT waiting_for text, OUT scheduler_pause_reason text)
+  LANGUAGE c VOLATILE
+  SET search_path = pg_catalog, pg_temp
+  AS 'MODULE_PATHNAME', 'billguard_dispatcher_state';
+REVOKE ALL ON FUNCTION billguard.dispatcher_state() FROM PUBLIC;
+CREATE OR REPLACE VIEW billguard.dispatch_status AS
+SELECT d.pid IS NOT NULL AS worker_running,
+       d.pid AS worker_pid,
+       d.started_at AS worker_started_at,
+       d.paused,
+       d.pause_reason,
+       d.in_flight,
+       d.requests_sent,
+       -- Outstanding records are the dispatch queue (next_attempt_at set); due
+       -- as billguard.claim_due_records sees it.
+       (SELECT count(*) FROM billguard.billing_records r
+         WHERE r.next_attempt_at <= now() AND r.status IN ('pending', 'dispatching', 'unknown')
+           AND (r.status <> 'dispatching' OR r.lease_expires_at IS NULL OR r.lease_expires_at <= now())) AS due,
+       (SELECT count(*) FROM billguard.billing_records r
+         WHERE r.next_attempt_at IS NOT NULL AND r.status IN ('pending', 'dispatching', 'unknown')) AS outstanding,
+       (SELECT now() - min(r.created_at) FROM billguard.billing_records r
+         WHERE r.next_attempt_at IS NOT NULL AND r.status IN ('pending', 'dispatching', 'unknown')) AS oldest_outstanding_age,
+       (SELECT count(*) FROM billguard.billing_records r
+         WHERE r.status = 'completed' AND r.completed_at > now() - interval '1 minute') AS completed_last_minute,
+       (SELECT count(*) FROM billguard.billing_records r
+         WHERE r.status IN ('failed', 'needs_review') AND r.updated_at > now() - interval '1 minute') AS failed_last_minute,
+       d.not_served_reason,
+       d.waiting_for
+  FROM billguard.dispatcher_state() d;
+COMMENT ON VIEW billguard.dispatch_status IS
+  'The dispatcher of this database: running or not and why, paused and why, requests in flight, the queue, recent outcomes, a lock it waits for.';
+CREATE FUNCTION billguard.scheduler_state(
+    OUT enabled boolean, OUT bill_day integer, OUT bill_hour_utc integer,
+    OUT next_bill_at timestamptz, OUT last_period_issued text,
+    OUT last_period_issued_at timestamptz, OUT missed_periods bigint,
+    OUT pause_reason text, OUT issued_early bigint)
+  LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+  SET search_path = pg_catalog, pg_temp
+  AS $$
+DECLARE
+  schedule record;
+  state    jsonb := billguard.entity_state('billing-scheduler');
+  -- The tick would bill the most recent due period (see scheduler_tick()).
+  scheduled boolean;
+BEGIN
+  SELECT * INTO schedule FROM billguard.current_schedule();
+  enabled := schedule.auto_bill = 'monthly';
+  bill_day := schedule.bill_day;
+  bill_hour_utc := schedule.bill_hour_utc;
+  scheduled := enabled AND NOT (state -> 'issued_periods') ? schedule.due_period
+               AND billguard.issued_after(schedule.due_period, state,
+                                          (SELECT s.now FROM billguard.scheduler_settings() s)) IS NULL;
+  next_bill_at := CASE WHEN NOT enabled THEN NULL
+                       WHEN scheduled THEN schedule.due_at
+                       ELSE schedule.next_due_at END;
+  last_period_issued := state ->> 'last_issued_period';
+  last_period_issued_at := (state ->> 'last_issued_at')::timestamptz;
+  -- Without reading billing_records: the view may be polled.
+  missed_periods := cardinality(array_remove(
+    billguard.never_issued(schedule.due_period,
+                           coalesce(state -> 'issued_periods', '[]'::jsonb)),
+    CASE WHEN scheduled THEN schedule.due_period END));
+  pause_reason := coalesce(billguard.billing_database_problem(),
+                           (SELECT d.scheduler_pause_reason FROM billguard.dispatcher_state() d));
+  issued_early := cardinality(billguard.issued_early(
+    state -> 'issued_periods', (SELECT s.now FROM billguard.scheduler_settings() s)));
+END $$;
+REVOKE ALL ON FUNCTION billguard.scheduler_state() FROM PUBLIC;
+CREATE OR REPLACE VIEW billguard.scheduler_status AS
+SELECT s.enabled, s.bill_day, s.bill_hour_utc, s.next_bill_at, s.last_period_issued,
+       s.last_period_issued_at, s.missed_periods, s.pause_reason, s.issued_early
+  FROM billguard.scheduler_state() s;
+COMMENT ON VIEW billguard.scheduler_status IS
+  'The scheduler of this database: enabled, when it bills next, the last period issued, older due periods never issued, why it bills nothing now, periods issued early.';
+DROP FUNCTION billguard.scheduler_state_before_pause();
+DROP FUNCTION billguard.dispatcher_state_before_waits();
+
+DROP EVENT TRIGGER billguard_protect_history;
+CREATE EVENT TRIGGER billguard_protect_history ON ddl_command_start
+  WHEN TAG IN ('DROP ACCESS METHOD', 'DROP AGGREGATE', 'DROP CAST', 'DROP COLLATION',
+               'DROP CONVERSION', 'DROP DOMAIN', 'DROP EXTENSION', 'DROP FOREIGN DATA WRAPPER',
+               'DROP FOREIGN TABLE', 'DROP FUNCTION', 'DROP INDEX', 'DROP LANGUAGE',
+               'DROP MATERIALIZED VIEW', 'DROP OPERATOR', 'DROP OPERATOR CLASS',
+               'DROP OPERATOR FAMILY', 'DROP OWNED', 'DROP POLICY', 'DROP PROCEDURE',
+               'DROP PUBLICATION', 'DROP ROUTINE', 'DROP RULE', 'DROP SCHEMA', 'DROP SEQUENCE',
+               'DROP SERVER', 'DROP STATISTICS', 'DROP SUBSCRIPTION', 'DROP TABLE',
+               'DROP TEXT SEARCH CONFIGURATION', 'DROP TEXT SEARCH DICTIONARY',
+               'DROP TEXT SEARCH PARSER', 'DROP TEXT SEARCH TEMPLATE', 'DROP TRANSFORM',
+               'DROP TRIGGER', 'DROP TYPE', 'DROP USER MAPPING', 'DROP VIEW')
+  EXECUTE FUNCTION billguard.protect_history();
+ALTER EVENT TRIGGER billguard_protect_history ENABLE ALWAYS;
+
+-- The triggers that keep the history as it was fire whoever writes: also
+-- with session_replication_role = replica, which a superuser may set and
+-- logical replication's apply worker runs with.
+ALTER TABLE billguard.journal ENABLE ALWAYS TRIGGER journal_append_only;
+ALTER TABLE billguard.billing_records ENABLE ALWAYS TRIGGER billing_records_keep_rows;
+ALTER TABLE billguard.billing_records ENABLE ALWAYS TRIGGER billing_records_frozen_identity;
+ALTER TABLE billguard.vault_audit ENABLE ALWAYS TRIGGER vault_audit_append_only;
+ALTER TABLE billguard.currencies ENABLE ALWAYS TRIGGER currencies_user_rows;

@@ -103,6 +103,8 @@ CREATE FUNCTION billguard.issued_after(due_period text, scheduler_state jsonb, a
 --                   stepped back, took the calendar back to a period the
 --                   scheduler had passed (see issued_after()).
 --                   Nothing: billing it is a person's decision (due_periods)
+--   not_billing_database  this database is a copy or a restore that was not
+--                   adopted (billing_database_problem()): nothing
 -- existing counts the period's records from before this tick.
 -- search_first_reason, when the tick claims more than the dispatcher's
 -- billguard.idempotency_window after the period became due: an earlier
@@ -135,6 +137,11 @@ BEGIN
   next_due_at := schedule.next_due_at;
   initiated := 0;
   existing := 0;
+  IF billguard.billing_database_problem() IS NOT NULL THEN
+    outcome := 'not_billing_database';
+    RETURN NEXT;
+    RETURN;
+  END IF;
   -- bill_period takes the same locks: the check and the claim are one step.
   -- The dispatcher waits for no lock: a session's open transaction must not
   -- halt all sending of this database.
@@ -187,13 +194,31 @@ CREATE FUNCTION billguard.never_issued(due_period text, issued jsonb)
                    to_date(due_period, 'YYYY-MM'), interval '1 month') AS m
            WHERE NOT issued ? to_char(m, 'YYYY-MM'));
 
+-- The periods issued whose month has not ended at `at` (UTC): a clock that
+-- ran ahead (stepped a month forward, then back) billed them early, and
+-- accounts added since were not billed for them; or a person billed them in
+-- advance. A bill_day moved later is no such case: the month had ended. A
+-- clock stepped back across a month's end after the tick lists the period
+-- too, until its month has ended again by that clock: by the clock now it
+-- was issued early.
+CREATE FUNCTION billguard.issued_early(issued jsonb, at timestamptz)
+  RETURNS text[]
+  LANGUAGE sql STABLE PARALLEL SAFE
+  SET search_path = pg_catalog, pg_temp
+  RETURN (SELECT coalesce(array_agg(i.period ORDER BY i.period), '{}')
+            FROM jsonb_array_elements_text(coalesce(issued, '[]'::jsonb)) AS i(period)
+           WHERE i.period COLLATE "C" >= to_char(at AT TIME ZONE 'UTC', 'YYYY-MM'));
+
 -- The due periods never issued, with the instant each became due. scheduled:
 -- the scheduler bills it by itself (the most recent, with auto_bill =
 -- monthly, unless a later period was issued: see issued_after()); it never
 -- bills the others: bill each deliberately with bill_period. records counts
--- what bill_customer claimed of it already.
+-- what bill_customer claimed of it already. issued_early: a period issued
+-- before its month ended (see issued_early()), listed until it has: once
+-- it is due, bill_period bills the accounts added since.
 CREATE FUNCTION billguard.due_periods()
-  RETURNS TABLE (billing_period text, due_at timestamptz, records bigint, scheduled boolean)
+  RETURNS TABLE (billing_period text, due_at timestamptz, records bigint, scheduled boolean,
+                 issued_early boolean)
   LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY DEFINER
   SET search_path = pg_catalog, pg_temp
   AS $$
@@ -203,38 +228,46 @@ DECLARE
   state    jsonb := billguard.entity_state('billing-scheduler');
   issued   jsonb := coalesce(state -> 'issued_periods', '[]'::jsonb);
   missed   text[];
+  early    text[];
+  at       timestamptz := (SELECT s.now FROM billguard.scheduler_settings() s);
 BEGIN
   SELECT * INTO schedule FROM billguard.current_schedule();
   missed := billguard.never_issued(schedule.due_period, issued);
-  IF cardinality(missed) = 0 THEN
+  early := billguard.issued_early(issued, at);
+  IF cardinality(missed) = 0 AND cardinality(early) = 0 THEN
     RETURN;    -- no reason to read billing_records
   END IF;
   RETURN QUERY
     SELECT p.period,
            billguard.bill_instant(p.period, schedule.bill_day, schedule.bill_hour_utc),
            coalesce(r.records, 0),
-           p.period = schedule.due_period AND schedule.auto_bill = 'monthly'
-             AND billguard.issued_after(p.period, state,
-                                        (SELECT s.now FROM billguard.scheduler_settings() s)) IS NULL
-      FROM unnest(missed) AS p(period)
+           NOT p.early AND p.period = schedule.due_period AND schedule.auto_bill = 'monthly'
+             AND billguard.issued_after(p.period, state, at) IS NULL,
+           p.early
+      FROM (SELECT m, false FROM unnest(missed) AS m
+            UNION ALL SELECT e, true FROM unnest(early) AS e) AS p(period, early)
       LEFT JOIN (SELECT br.billing_period, count(*) AS records
                    FROM billguard.billing_records br
-                  WHERE br.billing_period = ANY (missed)
+                  WHERE br.billing_period = ANY (missed || early)
                   GROUP BY br.billing_period) r ON r.billing_period = p.period
      ORDER BY p.period;
 END $$;
 COMMENT ON FUNCTION billguard.due_periods() IS
-  'Due periods never issued; the scheduler bills only the most recent (scheduled), the rest only bill_period does.';
+  'Due periods never issued; the scheduler bills only the most recent (scheduled), the rest only bill_period does; and periods issued before they were due (issued_early).';
 
 -- The scheduler as billguard.scheduler_status shows it: enabled, the next
 -- instant it bills (in the past while the most recent due period waits to be
--- issued), the last period issued and when, and how many due periods the
--- scheduler will not bill by itself (see due_periods()).
+-- issued), the last period issued and when, how many due periods the
+-- scheduler will not bill by itself (see due_periods()), why it bills
+-- nothing now (this database is a copy or a restore not adopted, it shares
+-- its namespace, its tick waits for a lock) and how many periods were
+-- issued before their month ended (see issued_early()).
 CREATE FUNCTION billguard.scheduler_state(
     OUT enabled boolean, OUT bill_day integer, OUT bill_hour_utc integer,
     OUT next_bill_at timestamptz, OUT last_period_issued text,
-    OUT last_period_issued_at timestamptz, OUT missed_periods bigint)
-  LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY DEFINER
+    OUT last_period_issued_at timestamptz, OUT missed_periods bigint,
+    OUT pause_reason text, OUT issued_early bigint)
+  LANGUAGE plpgsql VOLATILE SECURITY DEFINER
   SET search_path = pg_catalog, pg_temp
   AS $$
 DECLARE
@@ -260,11 +293,15 @@ BEGIN
     billguard.never_issued(schedule.due_period,
                            coalesce(state -> 'issued_periods', '[]'::jsonb)),
     CASE WHEN scheduled THEN schedule.due_period END));
+  pause_reason := coalesce(billguard.billing_database_problem(),
+                           (SELECT d.scheduler_pause_reason FROM billguard.dispatcher_state() d));
+  issued_early := cardinality(billguard.issued_early(
+    state -> 'issued_periods', (SELECT s.now FROM billguard.scheduler_settings() s)));
 END $$;
 
 CREATE VIEW billguard.scheduler_status AS
 SELECT s.enabled, s.bill_day, s.bill_hour_utc, s.next_bill_at, s.last_period_issued,
-       s.last_period_issued_at, s.missed_periods
+       s.last_period_issued_at, s.missed_periods, s.pause_reason, s.issued_early
   FROM billguard.scheduler_state() s;
 COMMENT ON VIEW billguard.scheduler_status IS
-  'The scheduler of this database: enabled, when it bills next, the last period issued, older due periods never issued.';
+  'The scheduler of this database: enabled, when it bills next, the last period issued, older due periods never issued, why it bills nothing now, periods issued early.';

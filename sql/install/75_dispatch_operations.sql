@@ -7,7 +7,7 @@
 CREATE FUNCTION billguard.dispatcher_state(
     OUT pid integer, OUT started_at timestamptz, OUT paused boolean, OUT pause_reason text,
     OUT in_flight integer, OUT requests_sent bigint, OUT wakeup_registered boolean,
-    OUT not_served_reason text)
+    OUT not_served_reason text, OUT waiting_for text, OUT scheduler_pause_reason text)
   LANGUAGE c VOLATILE
   SET search_path = pg_catalog, pg_temp
   AS 'MODULE_PATHNAME', 'billguard_dispatcher_state';
@@ -33,10 +33,11 @@ SELECT d.pid IS NOT NULL AS worker_running,
          WHERE r.status = 'completed' AND r.completed_at > now() - interval '1 minute') AS completed_last_minute,
        (SELECT count(*) FROM billguard.billing_records r
          WHERE r.status IN ('failed', 'needs_review') AND r.updated_at > now() - interval '1 minute') AS failed_last_minute,
-       d.not_served_reason
+       d.not_served_reason,
+       d.waiting_for
   FROM billguard.dispatcher_state() d;
 COMMENT ON VIEW billguard.dispatch_status IS
-  'The dispatcher of this database: running or not and why, paused and why, requests in flight, the queue, recent outcomes.';
+  'The dispatcher of this database: running or not and why, paused and why, requests in flight, the queue, recent outcomes, a lock it waits for.';
 
 -- The record of (customer_id, billing_period), locked, if its status is one
 -- of `allowed`; otherwise a clear error naming what `action` needs.

@@ -19,7 +19,7 @@
 -- test/t/106_readme_grants_in_step.pl fails when the two differ.
 -- Roles are created inside the transaction and vanish with the ROLLBACK.
 BEGIN;
-SELECT plan(84);
+SELECT plan(86);
 
 UPDATE billguard.accounts SET active = false WHERE customer_id NOT LIKE 't09\_%';
 INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency) VALUES
@@ -53,7 +53,7 @@ GRANT EXECUTE ON FUNCTION billguard.is_valid_customer_id(text) TO billing_accoun
 -- Operators: the dispatcher's and the scheduler's state (the views call
 -- dispatcher_state() and scheduler_state(), which PostgreSQL checks against
 -- the caller), the due periods never billed, requeueing, resolving and
--- cancelling records.
+-- cancelling records, and adopting a restored or copied database.
 GRANT USAGE ON SCHEMA billguard TO billing_ops;
 GRANT SELECT ON billguard.dispatch_status, billguard.scheduler_status TO billing_ops;
 GRANT EXECUTE ON FUNCTION
@@ -63,7 +63,8 @@ GRANT EXECUTE ON FUNCTION
   billguard.retry_record(text, text),
   billguard.retry_period(text, text),
   billguard.resolve_record(text, text, text),
-  billguard.cancel_record(text, text)
+  billguard.cancel_record(text, text),
+  billguard.adopt_database()
 TO billing_ops;
 
 -- Stripe's webhooks, as billguard-proxy delivers them (POST /webhooks/stripe):
@@ -209,7 +210,9 @@ SELECT throws_ok(statement, '42501', message, 'billing_accounts: ' || refused) F
   ($$SELECT * FROM billguard.scheduler_status$$,
    'permission denied for view scheduler_status', 'scheduler_status refused'),
   ($$SELECT * FROM billguard.due_periods()$$,
-   'permission denied for function due_periods', 'due_periods refused')
+   'permission denied for function due_periods', 'due_periods refused'),
+  ($$SELECT billguard.adopt_database()$$,
+   'permission denied for function adopt_database', 'adopt_database refused')
 ) AS cases (statement, message, refused);
 RESET ROLE;
 
@@ -234,6 +237,8 @@ SELECT results_eq($$SELECT enabled, last_period_issued FROM billguard.scheduler_
                   $$VALUES (false, '2034-01'::text)$$,
                   'billing_ops: scheduler_status can be read (off; billing_app issued 2034-01)');
 SELECT lives_ok($$SELECT * FROM billguard.due_periods()$$, 'billing_ops: due_periods works');
+SELECT is(billguard.adopt_database(), 'this database bills its history already: nothing to adopt',
+          'billing_ops: adopt_database works (and changes nothing in the billing database)');
 SELECT is(billguard.retry_record('t09_carol', '2034-01'), 'pending', 'billing_ops: retry_record works');
 SELECT is(billguard.resolve_record('t09_dave', '2034-01', 'pi_t09dave'), 'completed',
           'billing_ops: resolve_record works');

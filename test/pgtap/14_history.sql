@@ -16,15 +16,15 @@
 -- refused with 2BP01 saying how to archive, and drop nothing;
 -- archive_history refuses while a record may still be sent (55000).
 BEGIN;
-SELECT plan(22);
+SELECT plan(31);
 
 -- Item 10: what pg_dump carries.
 SELECT is((SELECT array_agg(c.relname::text ORDER BY c.relname) FROM pg_class c
             JOIN pg_depend d ON d.classid = 'pg_class'::regclass AND d.objid = c.oid AND d.deptype = 'e'
            WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'billguard') AND c.relkind = 'r'
              AND NOT c.oid = ANY ((SELECT extconfig FROM pg_extension WHERE extname = 'billguard')::oid[])),
-          ARRAY['vault_credentials'],
-          'every table of the extension is registered with pg_extension_config_dump, but the vault keys');
+          ARRAY['installation', 'vault_credentials'],
+          'every table of the extension is registered with pg_extension_config_dump, but the vault keys and this database''s installation');
 SELECT is((SELECT 'billguard.vault_credentials'::regclass = ANY (extconfig) FROM pg_extension WHERE extname = 'billguard'),
           false, 'the dispatcher''s vault keys are never dumped');
 SELECT is((SELECT u.condition FROM pg_extension e, unnest(e.extconfig, e.extcondition) AS u (config, condition)
@@ -88,6 +88,30 @@ SELECT lives_ok($$CREATE SCHEMA t14_other; DROP SCHEMA t14_other CASCADE$$,
                 'other schemas drop as before');
 SELECT throws_ok($$SELECT * FROM billguard.archive_history('t14_archive')$$, '55000', NULL,
                  'archive_history refuses while a record may still be sent');
+
+-- What a statement drops, cascades included, not what it names.
+SELECT throws_ok($$DROP EXTENSION plpgsql CASCADE$$, '2BP01',
+                 format('DROP EXTENSION would drop billguard''s billing history (%s billing records)',
+                        (SELECT count(*) FROM billguard.billing_records)),
+                 'DROP EXTENSION plpgsql CASCADE, which would drop billguard with it, is refused');
+SELECT is((SELECT count(*) FROM pg_extension WHERE extname IN ('billguard', 'plpgsql')), 2::bigint,
+          'billguard and plpgsql are both still there');
+
+-- The guards hold in replica mode (a superuser's session_replication_role,
+-- logical replication's apply worker).
+SET LOCAL session_replication_role = replica;
+SELECT throws_ok($$DROP EXTENSION billguard$$, '2BP01', NULL, 'replica mode: DROP EXTENSION billguard is refused');
+SELECT throws_ok($$UPDATE billguard.journal SET event = '{}' WHERE persistence_id = 'billing-t14_kept-2037-01'$$,
+                 '42501', 'billguard.journal is append-only: UPDATE refused', 'replica mode: a journal rewrite is refused');
+SELECT throws_ok($$DELETE FROM billguard.journal$$, '42501', NULL, 'replica mode: a journal DELETE is refused');
+SELECT throws_ok($$UPDATE billguard.billing_records SET amount_cents = 1 WHERE customer_id = 't14_kept'$$,
+                 '23000', NULL, 'replica mode: a billing record''s frozen identity is kept');
+SELECT throws_ok($$TRUNCATE billguard.billing_records$$, '23000', NULL,
+                 'replica mode: TRUNCATE billing_records is refused');
+SELECT throws_ok($$DELETE FROM billguard.vault_audit$$, '42501', NULL, 'replica mode: the vault audit stays append-only');
+RESET session_replication_role;
+SELECT is((SELECT count(*) FROM billguard.billing_records WHERE customer_id = 't14_kept' AND amount_cents = 1000),
+          1::bigint, 'the record is as it was');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -27,13 +27,15 @@ SELECT p.oid, p.oid::regprocedure::text AS signature, l.lanname, p.provolatile, 
 -- (one using temporary tables or a subtransaction) is named here with why.
 CREATE TEMP TABLE not_parallel_safe (signature text PRIMARY KEY, reason text NOT NULL) ON COMMIT DROP;
 
--- Calls of the extension's functions by name: billguard.<name>( in a body.
+-- Calls of the extension's functions by name: billguard.<name>( in a body,
+-- outside its string literals (a message may name a function to call).
 CREATE TEMP TABLE extension_calls ON COMMIT DROP AS
 SELECT DISTINCT f.signature AS caller, f.provolatile AS caller_volatile,
        f.proparallel AS caller_parallel, c.signature AS callee, c.provolatile AS callee_volatile,
        c.proparallel AS callee_parallel
   FROM extension_functions f
- CROSS JOIN LATERAL regexp_matches(f.body, 'billguard\.([a-z_0-9]+)\s*\(', 'g') AS m(name)
+ CROSS JOIN LATERAL regexp_matches(regexp_replace(f.body, '''([^'']|'''')*''', '', 'g'),
+                                  'billguard\.([a-z_0-9]+)\s*\(', 'g') AS m(name)
   JOIN extension_functions c ON c.signature LIKE 'billguard.' || m.name[1] || '(%'
  WHERE f.body IS NOT NULL AND c.oid <> f.oid;
 

@@ -5,7 +5,10 @@
 # new database, where CREATE EXTENSION comes from the dump. Then:
 #   - pg_restore reports no error;
 #   - every row of every table of the extension arrived, unchanged, and the
-#     built-in currencies are there once;
+#     built-in currencies are there once; billguard.installation, which
+#     names the database that installed billguard, is the restored
+#     database's own (it is never dumped), and billguard.billing_installations
+#     holds the original's installation besides it;
 #   - bill_period of the period already billed initiates nothing there, and
 #     bill_customer answers from the restored records.
 use strict;
@@ -52,7 +55,7 @@ q1($node, q{
 my @tables = split /\n/, q1($node, q{
 	SELECT c.relname FROM pg_class c JOIN pg_depend d ON d.classid = 'pg_class'::regclass AND d.objid = c.oid
 	 WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'billguard') AND d.deptype = 'e'
-	   AND c.relkind = 'r' ORDER BY 1});
+	   AND c.relkind = 'r' AND c.relname NOT IN ('installation', 'billing_installations') ORDER BY 1});
 ok((grep { $_ eq 'currencies' } @tables) && (grep { $_ eq 'billing_records' } @tables),
 	'the tables of the extension: ' . join(', ', @tables));
 sub rows_of {
@@ -72,6 +75,14 @@ is($err, '', 'pg_restore into a new database reports no error');
 for my $table (@tables) {
 	is(rows_of('restored', $table), $before{$table}, "every row of billguard.$table arrived");
 }
+is($node->safe_psql('restored', 'SELECT database_name FROM billguard.installation'), 'restored',
+	'billguard.installation names the restored database, not the original');
+is($node->safe_psql('restored', q{SELECT string_agg(database_name || ' ' || how, ', ' ORDER BY began_at)
+	FROM billguard.billing_installations}), 'postgres installed, restored installed',
+	'billguard.billing_installations holds the original installation, and the restored one');
+is($node->safe_psql('restored', q{SELECT i.installation_id FROM billguard.billing_installations i
+	WHERE i.database_name = 'postgres'}), q1($node, 'SELECT installation_id FROM billguard.installation'),
+	'the original installation, by its id');
 is($node->safe_psql('restored', q{SELECT string_agg(code || '=' || minor_units, ' ' ORDER BY code)
 	FROM billguard.currencies WHERE NOT builtin}), 'isk=2 xag=0 xts=2',
 	'the currencies users added, and the built-in one they changed, are theirs there too');

@@ -1,10 +1,15 @@
-# DROP cannot take the billing history with it (issue 6, item 9), in a
-# cluster that preloads billguard and in one that does not, each DROP in a
-# session of its own (in the second cluster one that never loaded
-# billguard.so before the DROP):
+# DROP cannot take the billing history with it, in a cluster that preloads
+# billguard and in one that does not, each DROP in a session of its own (in
+# the second cluster one that never loaded billguard.so before the DROP):
 #   - DROP EXTENSION billguard, with CASCADE, DROP SCHEMA billguard CASCADE
 #     and DROP OWNED BY the extension's owner are refused with 2BP01 and a
 #     hint to archive, and every record is still there;
+#   - so is a statement that names something else and would drop billguard
+#     by its cascade: DROP EXTENSION plpgsql CASCADE (before, it dropped
+#     billguard and its 20 records);
+#   - and every one of them with session_replication_role = replica, which
+#     turned the guard off before; DROP ROLE of the owner PostgreSQL refuses
+#     by itself;
 #   - pg_restore --clean into the database refuses to drop it too, and a
 #     billguard without records drops as before;
 #   - the way out: archive_history() refuses while records may still be
@@ -34,6 +39,11 @@ $plain->start;
 # Created by a superuser other than the bootstrap one, whose objects DROP OWNED can drop.
 $plain->safe_psql('postgres', 'CREATE ROLE billing_admin SUPERUSER LOGIN');
 $plain->safe_psql('postgres', 'CREATE EXTENSION billguard', extra_params => [ '-U', 'billing_admin' ]);
+# The same owner in the preloaded cluster: the bootstrap superuser owns
+# what DROP OWNED refuses to drop by itself.
+$preloaded->safe_psql('postgres', 'CREATE ROLE billing_admin SUPERUSER LOGIN');
+$preloaded->safe_psql('postgres', 'DROP EXTENSION billguard');
+$preloaded->safe_psql('postgres', 'CREATE EXTENSION billguard', extra_params => [ '-U', 'billing_admin' ]);
 
 for my $node ($preloaded, $plain) {
 	my $name = $node->name;
@@ -41,19 +51,28 @@ for my $node ($preloaded, $plain) {
 	$node->safe_psql('postgres', "SELECT * FROM billguard.bill_period('2026-08')");
 	is(records($node), '20', "$name: 20 billing records");
 	my $loaded = $node eq $plain ? 'not loaded' : 'akka-billing';
-	for my $drop ('DROP EXTENSION billguard', 'DROP EXTENSION billguard CASCADE', 'DROP SCHEMA billguard CASCADE',
-		'DROP OWNED BY ' . $node->safe_psql('postgres',
-			"SELECT pg_get_userbyid(extowner) FROM pg_extension WHERE extname = 'billguard'") . ' CASCADE') {
-		my ($command) = $drop =~ /^(DROP \w+)/;
-		my ($rc, $out, $err) = session($node,
-			"SELECT coalesce(current_setting('billguard.key_namespace', true), 'not loaded');\n$drop;");
-		is($out, $loaded, "$name: the session of '$drop' had billguard.so " . ($node eq $plain ? 'not loaded' : 'preloaded'));
-		like($err, qr/ERROR:  $command would drop billguard's billing history \(20 billing records\)/,
-			"$name: $drop is refused");
-		like($err, qr/HINT:  Archive the history first: SELECT \* FROM billguard\.archive_history/,
-			"$name: and told to archive first");
-		is(records($node), '20', "$name: after $drop every record is still there");
+	for my $replica ('', 'SET session_replication_role = replica;') {
+		for my $drop ('DROP EXTENSION billguard', 'DROP EXTENSION billguard CASCADE', 'DROP SCHEMA billguard CASCADE',
+			'DROP OWNED BY billing_admin CASCADE', 'DROP EXTENSION plpgsql CASCADE') {
+			my ($command) = $drop =~ /^(DROP \w+)/;
+			my $how = $replica ? "$drop, in replica mode," : $drop;
+			my ($rc, $out, $err) = session($node,
+				"SELECT coalesce(current_setting('billguard.key_namespace', true), 'not loaded');\n$replica\n$drop;");
+			is($out, $loaded, "$name: the session of '$how' had billguard.so " . ($node eq $plain ? 'not loaded' : 'preloaded'));
+			like($err, qr/ERROR:  $command would drop billguard's billing history \(20 billing records\)/,
+				"$name: $how is refused");
+			like($err, qr/HINT:  Archive the history first: SELECT \* FROM billguard\.archive_history/,
+				"$name: and told to archive first");
+			is(records($node), '20', "$name: after $how every record is still there");
+		}
 	}
+	is($node->safe_psql('postgres', q{SELECT string_agg(extname, ',' ORDER BY extname) FROM pg_extension
+		WHERE extname IN ('billguard', 'plpgsql')}), 'billguard,plpgsql', "$name: billguard and plpgsql are still there");
+	# DROP ROLE never cascades: PostgreSQL refuses the owner's.
+	my ($rc, $out, $err) = session($node, 'DROP ROLE billing_admin');
+	like($err, qr/ERROR:  role "billing_admin" cannot be dropped because some objects depend on it/,
+		"$name: DROP ROLE of the extension's owner is refused");
+	is(records($node), '20', "$name: after DROP ROLE every record is still there");
 }
 
 # pg_restore --clean drops and re-creates what it restores: not billguard's history.

@@ -14,9 +14,12 @@
 #     per served database, and billing still sent once per key;
 #   - a served database marked IS_TEMPLATE is left at once, so CREATE
 #     DATABASE ... TEMPLATE of it works; the copy has the extension and is
-#     found and served without CREATE EXTENSION; DROP DATABASE ... WITH
-#     (FORCE) of a served database works, and so does its owner's ALTER
-#     DATABASE ... ALLOW_CONNECTIONS false followed by DROP DATABASE.
+#     found and served without CREATE EXTENSION (it waits to be adopted);
+#     DROP DATABASE ... WITH (FORCE) of a served database whose history was
+#     archived works, and so does its owner's ALTER DATABASE ...
+#     ALLOW_CONNECTIONS false followed by DROP DATABASE.
+# Each database bills with a key namespace of its own: two served databases
+# with accounts and one namespace would share every key at Stripe.
 use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
@@ -32,6 +35,7 @@ my $node = dispatch_node('every_db', $emulator,
 	"restart_after_crash = on");
 $node->safe_psql('postgres', 'CREATE DATABASE plain');
 $node->safe_psql('postgres', 'CREATE DATABASE early');
+$node->safe_psql('postgres', q{ALTER DATABASE early SET billguard.key_namespace = 'early-billing'});
 $node->safe_psql('early', 'CREATE EXTENSION billguard');
 $node->restart;
 
@@ -40,6 +44,7 @@ $node->safe_psql('postgres', 'CREATE DATABASE plain_copy TEMPLATE plain');
 pass('CREATE DATABASE ... TEMPLATE plain works right after the server started');
 
 $node->safe_psql('postgres', 'CREATE DATABASE late');
+$node->safe_psql('postgres', q{ALTER DATABASE late SET billguard.key_namespace = 'late-billing'});
 $node->safe_psql('late', 'CREATE EXTENSION billguard');
 
 my @served = qw(postgres early late);
@@ -168,8 +173,9 @@ $node->safe_psql('postgres', 'ALTER DATABASE early IS_TEMPLATE false');
 @served = qw(postgres early late early_copy);
 exactly_one_each('early again, and its copy, which has the extension');
 
+$node->safe_psql('late', q{SELECT * FROM billguard.archive_history('billguard_archive')});
 $node->safe_psql('postgres', 'DROP DATABASE late WITH (FORCE)');
-pass('DROP DATABASE ... WITH (FORCE) of a served database works');
+pass('DROP DATABASE ... WITH (FORCE) of a served database whose history was archived works');
 # An owner who is no superuser may not stop the dispatcher: ALLOW_CONNECTIONS false first.
 $node->safe_psql('postgres', 'CREATE ROLE copy_owner LOGIN; ALTER DATABASE early_copy OWNER TO copy_owner');
 $node->safe_psql('postgres', 'ALTER DATABASE early_copy ALLOW_CONNECTIONS false', extra_params => [ '-U', 'copy_owner' ]);

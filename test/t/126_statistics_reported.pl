@@ -1,11 +1,20 @@
 # Autovacuum must see the dispatcher's work while the dispatcher lives: its
 # updates of billing_records and inserts into the journal are reported to
 # the cumulative statistics after its transactions (as PostgreSQL's own
-# workers do), not only when it exits.
+# workers do), not only when it exits; and what its last transactions did
+# before it goes idle is reported within seconds, not at its next
+# transaction, which may be weeks away:
+#   - 50 records settle: the counts appear, while the same dispatcher runs;
+#   - with poll_interval = 1h (an idle dispatcher runs no transaction for an
+#     hour), a burst of 300 charges, then 3 s idle: pg_stat_user_tables
+#     shows every one of the 600 updates of billing_records (a claim and an
+#     answer each) and every one of the 600 journal inserts (ChargeAttempted
+#     and BillingCompleted).
 use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use Time::HiRes qw(sleep);
 use BillguardTest;
 use DispatchScenario;
 
@@ -27,6 +36,24 @@ ok(wait_for('the dispatcher\'s statistics', 30, sub {
 	'pg_stat_user_tables counts its updates (a claim and an answer each) and its journal inserts')
   or diag('billing_records n_tup_upd / journal n_tup_ins: ' . $counts->());
 is(dispatcher_pid($node), $pid, 'while the same dispatcher still runs');
+
+# ---- a burst, then idle --------------------------------------------------------------
+
+reload_with($node, poll_interval => '1h');
+# Every record is claimed once and answered once; nothing is ever deleted from the journal.
+my $actual = sub {
+	return q1($node, q{SELECT 2 * (SELECT count(*) FROM billguard.billing_records)
+		|| '/' || (SELECT count(*) FROM billguard.journal)});
+};
+ok(wait_for('all 50 counted', 30, sub { $counts->() eq $actual->() }), 'before the burst: every update and insert counted')
+  or diag('counted: ' . $counts->() . ', done: ' . $actual->());
+add_accounts($node, 300, 'burst_');
+is(q1($node, "SELECT initiated FROM billguard.bill_period('2031-03')"), '350', 'a burst: 350 billings initiated');
+ok(wait_until_settled($node, '2031-03', 60), 'the dispatcher completes them');
+sleep 3;
+is($counts->(), $actual->(),
+	'3 s after the burst, pg_stat_user_tables shows every update and insert of its last transactions');
+is(dispatcher_pid($node), $pid, 'still the same dispatcher, idle');
 
 $node->stop;
 $emulator->stop;

@@ -6,13 +6,15 @@
 #   - bill1 bills 100 accounts of 100.00 USD for 2026-08: one vault key,
 #     cap = 100 x 100.00 x 1.10 = 11000.00 USD, 100 charges;
 #   - restored backup: bill2, restored from a dump of bill1 taken right after
-#     its accounts were created (before the period was billed), bills the
+#     its accounts were created (before the period was billed), replaces
+#     bill1 (retired; bill2 adopted as the billing database) and bills the
 #     period again past the emulator's idempotency TTL (it has forgotten
 #     every key): every request is answered from the proxy's ledger
 #     (Idempotent-Replayed), 0 new charges, bill2's records complete with
 #     bill1's charge ids;
-#   - guards bypassed: bill3, restored from the same dump, with one account
-#     more, bills the period under another key namespace (every key new):
+#   - guards bypassed: bill3, restored from the same dump and adopted in
+#     place of bill2, with one account more, bills the period under another
+#     key namespace (every key new):
 #     its key request names another cap (101 accounts), the proxy's 409
 #     names the budget's cap, and the dispatcher joins it at that cap (and
 #     says so in the log); 10 charges pass (the headroom), every other one
@@ -97,6 +99,8 @@ in_db('postgres', 'CREATE DATABASE bill2');
 is($err, '', 'bill2 restored from the dump taken before the period was billed');
 is(in_db('bill2', 'SELECT count(*) FROM billguard.billing_records'), '0', 'bill2 knows nothing of 2026-08');
 is(in_db('bill2', 'SELECT count(*) FROM billguard.vault_credentials'), '0', '... nor of its vault key (never dumped)');
+in_db('postgres', 'ALTER DATABASE bill1 ALLOW_CONNECTIONS false');
+like(in_db('bill2', 'SELECT billguard.adopt_database()'), qr/^adopted/, 'bill1 retired, bill2 adopted as the billing database');
 my $replayed_before = in_db('postgres', q{SELECT count(*) FROM billguard.vault_audit WHERE decision = 'replayed'});
 is(in_db('bill2', "SELECT initiated FROM billguard.bill_period('2026-08')"), '100', 'bill2: 2026-08 claimed again');
 ok(settled_in('bill2'), 'bill2: the period is billed again through the proxy');
@@ -120,6 +124,8 @@ in_db('postgres', 'CREATE DATABASE bill3');
 is($err, '', 'bill3 restored from the same dump');
 in_db('bill3', q{INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method)
                  VALUES ('cust_000101', 'cus_000101', 10000, 'usd', 'pm_card_visa')});
+in_db('postgres', 'ALTER DATABASE bill2 ALLOW_CONNECTIONS false');
+like(in_db('bill3', 'SELECT billguard.adopt_database()'), qr/^adopted/, 'bill2 retired, bill3 adopted as the billing database');
 is(in_db('bill3', "SET billguard.key_namespace = 'other-ns'; SELECT initiated FROM billguard.bill_period('2026-08')"), '101',
 	'bill3: 2026-08 claimed under another key namespace, 101 accounts');
 is(in_db('bill3', q{SELECT count(*) FROM billguard.billing_records r

@@ -6,7 +6,8 @@
 #   - on time: the scheduler bills 2031-04 at 2031-05-01 00:00:05, plain
 #     charges (ChargeAttempted(charge), no search), one per account;
 #   - restored: pg_dump of the database taken before that tick, restored
-#     into a second cluster served by the same emulator (same key namespace);
+#     into a second cluster served by the same emulator (same key namespace)
+#     and adopted there as the billing database (the original is lost);
 #     the emulator forgets every key; the restored scheduler ticks at
 #     2031-05-03 00:00:05, two days late: its log line says it searches
 #     first and why, every record searches, finds the original charge and
@@ -59,6 +60,7 @@ is(q1($restored, q{SELECT count(*) FROM billguard.accounts}), $accounts, 'the re
 is(records_of($restored, $period), '0', "the restored database knows nothing of $period\'s billing");
 is(q1($restored, 'SELECT billguard.key_namespace()'), q1($node, 'SELECT billguard.key_namespace()'),
 	'and the same key namespace');
+like(q1($restored, 'SELECT billguard.adopt_database()'), qr/^adopted/, 'the restored database is adopted');
 
 $offset = -s $restored->logfile;
 $restored->append_conf('postgresql.conf',
