@@ -22,8 +22,14 @@ class FieldReader : public nlohmann::json_sax<nlohmann::json> {
  public:
   bool null() override { return Scalar(nullptr, nullptr); }
   bool boolean(bool value) override { return Scalar(nullptr, &value); }
-  bool number_integer(number_integer_t) override { return Scalar(nullptr, nullptr); }
-  bool number_unsigned(number_unsigned_t) override { return Scalar(nullptr, nullptr); }
+  bool number_integer(number_integer_t value) override {
+    const long long number = value;
+    return Scalar(nullptr, nullptr, &number);
+  }
+  bool number_unsigned(number_unsigned_t value) override {
+    const long long number = value > 0x7fffffffffffffffULL ? -1 : static_cast<long long>(value);
+    return Scalar(nullptr, nullptr, &number);
+  }
   bool number_float(number_float_t, const string_t&) override { return Scalar(nullptr, nullptr); }
   bool string(string_t& value) override { return Scalar(&value, nullptr); }
   bool binary(binary_t&) override { return Scalar(nullptr, nullptr); }
@@ -55,15 +61,17 @@ class FieldReader : public nlohmann::json_sax<nlohmann::json> {
   int depth() const { return depth_; }
   virtual void OnString(const std::string&) {}
   virtual void OnBool(bool) {}
+  virtual void OnInteger(long long) {}
   virtual void OnOpen(bool /*object*/) {}
   virtual void OnClose(bool /*object*/) {}
 
  private:
-  bool Scalar(const std::string* text, const bool* flag) {
+  bool Scalar(const std::string* text, const bool* flag, const long long* number = nullptr) {
     if (depth_ == 0) return true;  // a bare scalar: not an object, see Read
     if (depth_ <= kTrackedDepth) {
       if (text != nullptr) OnString(*text);
       if (flag != nullptr) OnBool(*flag);
+      if (number != nullptr) OnInteger(*number);
       if (in_array_[depth_]) keys_[depth_].clear();
     }
     return true;
@@ -118,23 +126,33 @@ class ChargeBodyReader : public FieldReader {
   ChargeAnswer& answer_;
 };
 
-// {"data": [{"id", "status", "paid", "metadata": {"billguard_key"}}, ...]}:
-// the first element that carries the key and was charged.
+// {"data": [{"id", "status", "paid", "created", "metadata": {"billguard_key"}},
+// ...], "has_more"}: the first element that carries the key and was
+// charged, every element that carries the key, and where the page ends.
 class SearchBodyReader : public FieldReader {
  public:
   SearchBodyReader(SearchAnswer& answer, std::string_view key) : answer_(answer), key_(key) {}
 
  private:
+  static constexpr std::size_t kMaxKeyedIds = 20;
   bool InElement() const { return KeyAt(1) == "data"; }
   void OnOpen(bool object) override {
     if (depth() == 2 && KeyAt(1) == "data" && !object) answer_.listed = true;
     if (depth() == 3 && InElement() && object) element_ = Element{};
   }
   void OnClose(bool object) override {
-    if (depth() != 3 || !InElement() || !object || !answer_.found_id.empty()) return;
+    if (depth() != 3 || !InElement() || !object) return;
+    ++answer_.elements;
+    if (!element_.id.empty()) answer_.last_id = element_.id;
+    if (element_.created >= 0 &&
+        (answer_.oldest_created < 0 || element_.created < answer_.oldest_created)) {
+      answer_.oldest_created = element_.created;
+    }
+    if (element_.key != key_ || element_.id.empty()) return;
+    if (answer_.keyed_ids.size() < kMaxKeyedIds) answer_.keyed_ids.push_back(element_.id);
     const bool charged =
         element_.status == "succeeded" || element_.status == "processing" || element_.paid;
-    if (element_.key == key_ && charged && !element_.id.empty()) answer_.found_id = element_.id;
+    if (charged && answer_.found_id.empty()) answer_.found_id = element_.id;
   }
   void OnString(const std::string& value) override {
     if (depth() == 3 && InElement()) {
@@ -147,11 +165,16 @@ class SearchBodyReader : public FieldReader {
   }
   void OnBool(bool value) override {
     if (depth() == 3 && InElement() && KeyAt(3) == "paid") element_.paid = value;
+    if (depth() == 1 && KeyAt(1) == "has_more") answer_.has_more = value;
+  }
+  void OnInteger(long long value) override {
+    if (depth() == 3 && InElement() && KeyAt(3) == "created") element_.created = value;
   }
 
   struct Element {
     std::string id, status, key;
     bool paid = false;
+    long long created = -1;
   };
   SearchAnswer& answer_;
   std::string_view key_;
@@ -269,6 +292,12 @@ Outcome JudgeCharge(ChargeAnswer& answer, int attempt, int max_attempts) {
   if ((status == 429 && answer.error_code == kSpendCapExceeded) ||
       (status == 403 && answer.error_code == kCurrencyNotAllowed)) {
     return Outcome::kBlocked;
+  }
+  // Nothing was sent upstream either, but the proxy's answer may change in
+  // a moment: never terminal, never a new key.
+  if ((status == 429 && answer.error_code == kSpendCapPending) ||
+      (status == 409 && answer.error_code == kReservationReconciling)) {
+    return Outcome::kThrottled;
   }
   if (status == 401 || status == 403) return Outcome::kPaused;
   if (answer.error_type == "idempotency_error" && answer.error_code != "idempotency_key_in_use")

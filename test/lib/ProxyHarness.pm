@@ -41,8 +41,10 @@ sub secret_file {
 # Options: conninfo (required), upstream (an emulator or a URL), upstream_key
 # (default: the emulator harness's test key), issuer => 0 to start without an
 # issuer token, issuer_max_period_usd (its --issuer-max-period-usd; default
-# 1000000), port (default 0: any), args => [more flags], stderr => file.
-# Dies unless the proxy announces its port.
+# 1000000), issuer_bounds => 'default' to keep the proxy's own bounds on the
+# issuer's keys (else widened: the tests name fixed periods, such as
+# 2026-08, and keys expiring in 2099), port (default 0: any), args => [more
+# flags], stderr => file. Dies unless the proxy announces its port.
 sub start {
 	my ($class, %o) = @_;
 	my $self = bless { %o }, $class;
@@ -67,7 +69,9 @@ sub command {
 		'--admin-token-file', $self->{files}{admin},
 		(($self->{issuer} // 1)
 			? ('--issuer-token-file', $self->{files}{issuer},
-				'--issuer-max-period-usd', $self->{issuer_max_period_usd} // '1000000')
+				'--issuer-max-period-usd', $self->{issuer_max_period_usd} // '1000000',
+				(($self->{issuer_bounds} // 'wide') eq 'default'
+					? () : ('--issuer-max-key-days', '36500', '--issuer-period-months', '1200')))
 			: ()),
 		@{ $self->{args} // [] });
 }
