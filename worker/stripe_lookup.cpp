@@ -122,21 +122,15 @@ Finding LookUp(const Upstream& upstream, const ReservationInDoubt& r, int quiet_
     return found;
   }
 
+  // The customer's list finds a charge the search has not indexed yet and,
+  // read back to before the reservation, proves an absence.
   const double quiet = now - r.last_forwarded_at;
-  if (quiet < quiet_s) {
-    return Uncertain("its last attempt was forwarded " + std::to_string(static_cast<long>(quiet)) +
-                     " s ago; Stripe is asked again once none has been for " +
-                     std::to_string(quiet_s) + " s");
-  }
-  if (!r.customer || !AllOf(*r.customer, IdCharacter)) {
-    return Uncertain(
-        "Stripe's search found no charge, which proves nothing (its index lags), and without "
-        "the request's customer the list that would prove it cannot be read");
-  }
+  const bool listable = r.customer && AllOf(*r.customer, IdCharacter);
   const double since = r.reserved_at - kClockSkewSeconds;
   std::size_t seen = 0;
+  bool read_back = false;
   std::string after;
-  for (int page = 0; page < kMaxListPages; ++page) {
+  for (int page = 0; listable && !read_back && page < kMaxListPages; ++page) {
     const HttpResponse listed =
         Get(upstream, r.endpoint + "?customer=" + PercentEncode(*r.customer) +
                           "&limit=" + std::to_string(kListPageSize) +
@@ -154,29 +148,44 @@ Finding LookUp(const Upstream& upstream, const ReservationInDoubt& r, int quiet_
       found.reason = "found " + found.charge_id + " in the list of " + *r.customer + "'s objects";
       return found;
     }
-    if (fetched == Fetched::kFailed || by_search == Fetched::kFailed) {
+    if (fetched == Fetched::kFailed) {
       return Uncertain("an object carrying the key could not be fetched");
     }
     seen += list.elements;
-    const bool read_back = !list.has_more || list.elements == 0 ||
-                           (list.oldest_created >= 0 && list.oldest_created < since);
-    if (read_back) {
-      Finding absent;
-      absent.kind = Finding::Kind::kAbsent;
-      absent.reason = "no charge carries metadata[billguard_key] " + key + ": not in Stripe's " +
-                      "search, nor among the " + std::to_string(seen) + " objects of " +
-                      *r.customer + " since " + Utc(since) +
-                      " (a list, immediately consistent), and no attempt for " +
-                      std::to_string(static_cast<long>(quiet)) + " s";
-      return absent;
-    }
-    if (list.oldest_created < 0 || list.last_id.empty()) {
+    read_back = !list.has_more || list.elements == 0 ||
+                (list.oldest_created >= 0 && list.oldest_created < since);
+    if (!read_back && (list.oldest_created < 0 || list.last_id.empty())) {
       return Uncertain("Stripe's list does not say where its page ends");
     }
     after = list.last_id;
   }
-  return Uncertain(*r.customer + " has more than " + std::to_string(seen) + " objects since " +
-                   Utc(since) + ": more than the lookup reads");
+
+  if (!listable) {
+    return Uncertain(
+        "Stripe's search found no charge, which proves nothing (its index lags), and without "
+        "the request's customer the list that would prove it cannot be read");
+  }
+  if (!read_back) {
+    return Uncertain(*r.customer + " has more than " + std::to_string(seen) + " objects since " +
+                     Utc(since) + ": more than the lookup reads");
+  }
+  if (by_search == Fetched::kFailed) {
+    return Uncertain("an object carrying the key could not be fetched");
+  }
+  // An attempt still on its way may yet create what the list does not show.
+  if (quiet < quiet_s) {
+    return Uncertain("its last attempt was forwarded " + std::to_string(static_cast<long>(quiet)) +
+                     " s ago; Stripe's silence counts once none has been for " +
+                     std::to_string(quiet_s) + " s");
+  }
+  Finding absent;
+  absent.kind = Finding::Kind::kAbsent;
+  absent.reason = "no charge carries metadata[billguard_key] " + key +
+                  ": not in Stripe's search, nor among the " + std::to_string(seen) +
+                  " objects of " + *r.customer + " since " + Utc(since) +
+                  " (a list, immediately consistent), and no attempt for " +
+                  std::to_string(static_cast<long>(quiet)) + " s";
+  return absent;
 }
 
 }  // namespace billguard::proxy

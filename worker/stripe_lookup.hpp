@@ -5,10 +5,11 @@
 //     see that it is charged: a fact. Search finding nothing proves
 //     nothing: its index lags (about a minute, longer during incidents).
 //   - The list of the request's customer's objects is immediately
-//     consistent: read back to before the reservation was made (less five
-//     minutes for the two clocks), and once no attempt has been forwarded
-//     for the quiet time (none can still be executing), an absence there of
-//     any charge carrying the key proves nothing was charged.
+//     consistent: it finds a charge the search has not indexed yet, and,
+//     read back to before the reservation was made (less five minutes for
+//     the two clocks) once no attempt has been forwarded for the quiet time
+//     (none can still be executing), the absence there of any charge
+//     carrying the key proves nothing was charged.
 //   - Anything else (no metadata[billguard_key] or customer in the request,
 //     an answer that is not a list, more objects than a few pages hold, an
 //     attempt too recent) is uncertain.
