@@ -13,8 +13,6 @@
 # Each ends with one charge at the emulator, counted once, settled.
 use strict;
 use warnings;
-use IO::Socket::INET;
-use IPC::Run;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(sleep time);
@@ -49,11 +47,7 @@ sub body_of { my ($idem) = @_; return ProxyHarness::charge_body(amount => 1000, 
 # Sends a charge and returns its socket at once; the answer is read later.
 sub send_charge {
 	my ($p, $idem) = @_;
-	my $socket = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $p->port, Proto => 'tcp') or die $!;
-	my $body = body_of($idem);
-	syswrite($socket, "POST /v1/payment_intents HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer $key->{vault_key}\r\n"
-		. "Idempotency-Key: $idem\r\nContent-Type: application/x-www-form-urlencoded\r\nConnection: close\r\n"
-		. 'Content-Length: ' . length($body) . "\r\n\r\n$body");
+	my $socket = $p->send_charge($key->{vault_key}, $idem, body_of($idem));
 	ok(wait_for("the reservation of $idem", 10, sub { status_of_key($idem) eq 'reserved' }),
 		"$idem is reserved and at Stripe");
 	return $socket;
@@ -68,13 +62,7 @@ sub again {
 
 $emulator->configure(latency_ms => 1500);
 my $socket = send_charge($proxy, 'blip-1');
-my $holder = IPC::Run::start(
-	[ 'psql', '-XAtq', '-d', $node->connstr('postgres'), '-c', "SET application_name = 'key_holder'",
-	  '-c', q{BEGIN; SELECT billguard.lock_vault_idempotency_key('stripe', '2026-08', 'usd', 'blip-1'); SELECT pg_sleep(600)} ],
-	'>', \my $holder_out, '2>', \my $holder_err);
-$node->poll_query_until('postgres',
-	q{SELECT count(*) = 1 FROM pg_stat_activity WHERE application_name = 'key_holder' AND wait_event = 'PgSleep'})
-  or die 'the holder did not take the key\'s lock';
+my $lock = ProxyHarness::hold_key_lock($node, '2026-08', 'blip-1');
 my $answer = StripeEmulatorHarness::read_response($socket, 30);
 close $socket;
 $emulator->configure(latency_ms => 0);
@@ -85,8 +73,7 @@ like($proxy->log_text, qr/could not settle blip-1 attempt 1 of vkey_\w+ now \(th
 	'the log says it is kept');
 sleep 2;
 is(status_of_key('blip-1'), 'reserved', '... and retried while the lock is held');
-$node->safe_psql('postgres', q{SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'key_holder'});
-$holder->finish;
+ProxyHarness::end_key_lock($lock);
 ok(wait_for('the settle to land', 15, sub { status_of_key('blip-1') eq 'settled' }),
 	'once the lock is gone, the kept settle lands');
 is(metric($proxy, 'billguard_proxy_settles_pending'), 0, '/metrics: nothing waits any more');

@@ -8,8 +8,6 @@
 # counted once).
 use strict;
 use warnings;
-use IO::Socket::INET;
-use IPC::Run;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use BillguardTest;
@@ -57,11 +55,8 @@ like($proxy->request('GET', '/metrics', undef)->{content},
 # ---- a charge at Stripe while the database restarts ------------------------------------------
 
 $emulator->configure(latency_ms => 2500);
-my $socket = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $proxy->port, Proto => 'tcp') or die $!;
 my $body = ProxyHarness::charge_body(amount => 100);
-syswrite($socket, "POST /v1/payment_intents HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer $key->{vault_key}\r\n"
-	. "Idempotency-Key: across-1\r\nContent-Type: application/x-www-form-urlencoded\r\nConnection: close\r\n"
-	. 'Content-Length: ' . length($body) . "\r\n\r\n$body");
+my $socket = $proxy->send_charge($key->{vault_key}, 'across-1', $body);
 ok(wait_for('the reservation of across-1', 10, sub { status_of_key('across-1') eq 'reserved' }), 'a charge is at Stripe');
 $node->restart;
 my $answer = StripeEmulatorHarness::read_response($socket, 30);
@@ -76,17 +71,8 @@ is("$s->{settled_cents}/$s->{reserved_cents}", (12 + $pooled + 1 + 1) * 100 . '/
 
 # ---- a connection killed while its call waits ------------------------------------------------
 
-my $holder = IPC::Run::start(
-	[ 'psql', '-XAtq', '-d', $node->connstr('postgres'), '-c', "SET application_name = 'key_holder'",
-	  '-c', q{BEGIN; SELECT billguard.lock_vault_idempotency_key('stripe', '2026-08', 'usd', 'killed-1'); SELECT pg_sleep(600)} ],
-	'>', \my $holder_out, '2>', \my $holder_err);
-$node->poll_query_until('postgres',
-	q{SELECT count(*) = 1 FROM pg_stat_activity WHERE application_name = 'key_holder' AND wait_event = 'PgSleep'})
-  or die 'the holder did not take the key\'s lock';
-$socket = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $proxy->port, Proto => 'tcp') or die $!;
-syswrite($socket, "POST /v1/payment_intents HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer $key->{vault_key}\r\n"
-	. "Idempotency-Key: killed-1\r\nContent-Type: application/x-www-form-urlencoded\r\nConnection: close\r\n"
-	. 'Content-Length: ' . length($body) . "\r\n\r\n$body");
+my $lock = ProxyHarness::hold_key_lock($node, '2026-08', 'killed-1');
+$socket = $proxy->send_charge($key->{vault_key}, 'killed-1', $body);
 my $waiting = q{SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%vault_authorize%'};
 ok(wait_for('the authorization to wait for the key', 10, sub { q1($node, $waiting) ne '' }),
 	'an authorization waits for the key\'s lock');
@@ -94,8 +80,7 @@ my $killed = q1($node, $waiting);
 q1($node, "SELECT pg_terminate_backend($killed)");
 ok(wait_for('the authorization to be run again', 10, sub { my $pid = q1($node, $waiting); $pid ne '' && $pid ne $killed }),
 	'its connection killed, the proxy runs it again on a new one');
-$node->safe_psql('postgres', q{SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'key_holder'});
-$holder->finish;
+ProxyHarness::end_key_lock($lock);
 $answer = StripeEmulatorHarness::read_response($socket, 30);
 close $socket;
 is($answer->{status}, 200, 'the charge passes');

@@ -15,7 +15,6 @@
 #     so the dispatcher searched for each through the proxy first.
 use strict;
 use warnings;
-use IO::Socket::INET;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(sleep);
@@ -41,12 +40,7 @@ sub charge { my ($idem, $method) = @_; return $proxy->charge($key->{vault_key}, 
 $emulator->configure(latency_ms => 1500);
 my @sockets = map {
 	my ($idem, $method) = @$_;
-	my $socket = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $proxy->port, Proto => 'tcp') or die $!;
-	my $body = ProxyHarness::charge_body(amount => 100, payment_method => $method);
-	syswrite($socket, "POST /v1/payment_intents HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer $key->{vault_key}\r\n"
-		. "Idempotency-Key: $idem\r\nContent-Type: application/x-www-form-urlencoded\r\nConnection: close\r\n"
-		. 'Content-Length: ' . length($body) . "\r\n\r\n$body");
-	$socket
+	$proxy->send_charge($key->{vault_key}, $idem, ProxyHarness::charge_body(amount => 100, payment_method => $method))
 } ([ 'declined-1', 'pm_card_chargeDeclined' ], [ 'declined-2', 'pm_card_chargeDeclined' ], [ 'good-1', 'pm_card_visa' ]);
 ok(wait_for('three reservations', 10, sub {
 	q1($node, q{SELECT count(*) FROM billguard.vault_reservations WHERE billing_period = '2026-07' AND status = 'reserved'}) eq '3' }),
