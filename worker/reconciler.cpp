@@ -94,16 +94,21 @@ void Reconciler::Run() {
   // first pass at start settles what a killed proxy left in doubt.
   const auto between =
       std::chrono::milliseconds(std::clamp(ledger_.policy().reconcile_after_s * 250, 1000, 30000));
+  bool failing = false;
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stopping_) {
     lock.unlock();
     try {
       Pass();
+      failing = false;
     } catch (const std::exception& e) {
-      // The database away: the next pass tries again.
+      // The database away: the next pass tries again; said once.
       const std::string message = e.what();
-      std::fprintf(stderr, "billguard-proxy: the reconciler's pass failed: %s\n",
-                   message.substr(0, message.find('\n')).c_str());
+      if (!failing) {
+        std::fprintf(stderr, "billguard-proxy: the reconciler waits for the database: %s\n",
+                     message.substr(0, message.find('\n')).c_str());
+      }
+      failing = true;
     }
     lock.lock();
     stop_.wait_for(lock, between, [&] { return stopping_; });
