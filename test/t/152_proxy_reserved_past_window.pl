@@ -111,7 +111,7 @@ is(budget(), '2000/1000', 'the amount stays reserved: the cap still counts it');
 # ---- nothing was made -------------------------------------------------------------------------
 
 my $quick = ProxyHarness->start(conninfo => $node->connstr('postgres'), upstream => $emulator,
-	args => [ '--idempotency-window', '2', '--reconcile-after', '4', '--upstream-timeout', '2' ]);
+	args => [ '--idempotency-window', '2', '--reconcile-after', '6', '--upstream-timeout', '2' ]);
 $emulator->add_fault(kind => 'hang', count => 1);
 my $started = time;
 my $hung = $quick->charge($key->{vault_key}, 'hung-1', amount => 1000, customer => 'cus_hung',
