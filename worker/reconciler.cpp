@@ -14,9 +14,11 @@ namespace billguard::proxy {
 
 namespace {
 
-// A pass looks at this many reservations at most, paced below Stripe's 20
-// searches a second.
+// A pass looks up this many reservations at most, paced below Stripe's 20
+// searches a second, among the oldest kListed in doubt (those waiting for
+// their next look must not keep newer ones from theirs).
 constexpr int kPerPass = 50;
+constexpr int kListed = 2000;
 constexpr auto kBetweenLookups = std::chrono::milliseconds(100);
 constexpr double kLongestWaitSeconds = 3600;
 
@@ -116,15 +118,17 @@ void Reconciler::Run() {
 }
 
 void Reconciler::Pass() {
-  const std::vector<ReservationInDoubt> in_doubt = ledger_.ReservationsInDoubt(kPerPass);
+  const std::vector<ReservationInDoubt> in_doubt = ledger_.ReservationsInDoubt(kListed);
   std::set<std::string> current;
+  int looked_up = 0;
   const double first_wait = std::max(4.0, ledger_.policy().reconcile_after_s / 2.0);
   for (const ReservationInDoubt& r : in_doubt) {
     const std::string name = r.key_id + "/" + r.idempotency_key;
     current.insert(name);
     Backoff& backoff = uncertain_[name];
     const double now = Now();
-    if (backoff.next_at > now) continue;
+    if (backoff.next_at > now || looked_up == kPerPass) continue;
+    ++looked_up;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       if (stop_.wait_for(lock, kBetweenLookups, [&] { return stopping_; })) return;
