@@ -54,10 +54,13 @@ sql -c "INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cen
         SELECT 'cust_' || lpad(g::text, 6, '0'), 'cus_' || g, 1000, 'pm_card_visa'
           FROM generate_series(1, $charges) g"
 
+# The periods billed below are years ahead: the issuer token's bounds on
+# periods and key lives are widened for them.
 worker/billguard-proxy --listen 127.0.0.1:0 --database "host=$dir/pg port=$port user=postgres dbname=vault" \
   --upstream "$emulator" --upstream-key-file "$dir/proxy-stripe.key" \
   --admin-token-file "$dir/admin.token" --issuer-token-file "$dir/issuer.token" \
-  --issuer-max-period-usd 100000000 ${BENCH_PROXY_ARGS:-} \
+  --issuer-max-period-usd 100000000 --issuer-period-months 1200 --issuer-max-key-days 36500 \
+  ${BENCH_PROXY_ARGS:-} \
   >"$dir/proxy.out" 2>"$dir/proxy.log" &
 proxy_pid=$!
 proxy=http://$(announced "$dir/proxy.out")

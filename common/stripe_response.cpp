@@ -127,24 +127,34 @@ class ChargeBodyReader : public FieldReader {
   ChargeAnswer& answer_;
 };
 
-// {"data": [{"id", "status", "paid", "amount", "currency", "customer",
-// "metadata": {"billguard_key"}}, ...]}: every element that carries the key
-// and was charged, in order.
+// {"data": [{"id", "status", "paid", "created", "amount", "currency",
+// "customer", "metadata": {"billguard_key"}}, ...], "has_more"}: every
+// element that carries the key and was charged, in order; every element
+// that carries the key; and where the page ends.
 class SearchBodyReader : public FieldReader {
  public:
   SearchBodyReader(SearchAnswer& answer, std::string_view key) : answer_(answer), key_(key) {}
 
  private:
+  static constexpr std::size_t kMaxKeyedIds = 20;
   bool InElement() const { return KeyAt(1) == "data"; }
   void OnOpen(bool object) override {
     if (depth() == 2 && KeyAt(1) == "data" && !object) answer_.listed = true;
     if (depth() == 3 && InElement() && object) element_ = Element{};
   }
   void OnClose(bool object) override {
-    if (depth() != 3 || !InElement() || !object || answer_.found.size() >= kMaxFound) return;
+    if (depth() != 3 || !InElement() || !object) return;
+    ++answer_.elements;
+    if (!element_.found.id.empty()) answer_.last_id = element_.found.id;
+    if (element_.created >= 0 &&
+        (answer_.oldest_created < 0 || element_.created < answer_.oldest_created)) {
+      answer_.oldest_created = element_.created;
+    }
+    if (element_.key != key_ || element_.found.id.empty()) return;
+    if (answer_.keyed_ids.size() < kMaxKeyedIds) answer_.keyed_ids.push_back(element_.found.id);
     const bool charged =
         element_.status == "succeeded" || element_.status == "processing" || element_.paid;
-    if (element_.key != key_ || !charged || element_.found.id.empty()) return;
+    if (!charged || answer_.found.size() >= kMaxFound) return;
     if (answer_.found_id.empty()) answer_.found_id = element_.found.id;
     answer_.found.push_back(std::move(element_.found));
   }
@@ -162,15 +172,19 @@ class SearchBodyReader : public FieldReader {
   }
   void OnBool(bool value) override {
     if (depth() == 3 && InElement() && KeyAt(3) == "paid") element_.paid = value;
+    if (depth() == 1 && KeyAt(1) == "has_more") answer_.has_more = value;
   }
   void OnInteger(long long value) override {
-    if (depth() == 3 && InElement() && KeyAt(3) == "amount") element_.found.amount = value;
+    if (depth() != 3 || !InElement()) return;
+    if (KeyAt(3) == "created") element_.created = value;
+    if (KeyAt(3) == "amount") element_.found.amount = value;
   }
 
   struct Element {
     FoundCharge found;
     std::string status, key;
     bool paid = false;
+    long long created = -1;
   };
   SearchAnswer& answer_;
   std::string_view key_;
@@ -288,6 +302,12 @@ Outcome JudgeCharge(ChargeAnswer& answer, int attempt, int max_attempts) {
   if ((status == 429 && answer.error_code == kSpendCapExceeded) ||
       (status == 403 && answer.error_code == kCurrencyNotAllowed)) {
     return Outcome::kBlocked;
+  }
+  // Nothing was sent upstream either, but the proxy's answer may change in
+  // a moment: never terminal, never a new key.
+  if ((status == 429 && answer.error_code == kSpendCapPending) ||
+      (status == 409 && answer.error_code == kReservationReconciling)) {
+    return Outcome::kThrottled;
   }
   if (status == 401 || status == 403) return Outcome::kPaused;
   if (answer.error_type == "idempotency_error" && answer.error_code != "idempotency_key_in_use")

@@ -37,6 +37,14 @@ enum class Outcome {
 // currency). Stripe's own 429s carry rate_limit or lock_timeout.
 inline constexpr const char* kSpendCapExceeded = "spend_cap_exceeded";
 inline constexpr const char* kCurrencyNotAllowed = "currency_not_allowed";
+// The proxy's throttles: a 429 spend_cap_pending (the budget's room is
+// held by charges still in flight or of unknown outcome, which may give it
+// back) and a 409 reservation_reconciling (the key is still reserved past
+// the proxy's idempotency window, and the proxy is finding out at Stripe
+// what its attempts did). Both say: the same request, with the same key,
+// later.
+inline constexpr const char* kSpendCapPending = "spend_cap_pending";
+inline constexpr const char* kReservationReconciling = "reservation_reconciling";
 
 // The name SQL records (billguard.record_charge_response and friends).
 const char* OutcomeName(Outcome outcome);
@@ -89,6 +97,15 @@ struct SearchAnswer {
   std::string found_id;            // the first charged object carrying the key, if any
   std::vector<FoundCharge> found;  // every one, in the answer's order (at most kMaxFound)
   std::string message;             // why the search told nothing
+  // Where a page of a list ends, to read the next one: how many objects it
+  // held, whether more follow, the last one's id and the oldest creation
+  // time (Unix seconds, -1 if none said); and every object carrying the
+  // key (at most 20), charged or not.
+  std::size_t elements = 0;
+  bool has_more = false;
+  std::string last_id;
+  long long oldest_created = -1;
+  std::vector<std::string> keyed_ids;
 };
 inline constexpr std::size_t kMaxFound = 100;  // Stripe's largest page
 

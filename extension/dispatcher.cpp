@@ -575,7 +575,10 @@ class Dispatcher {
       return;
     }
     // The proxy's cap is no rate limit: only Stripe's 429 slows the pace.
-    if (response.status == 429 && outcome != Outcome::kBlocked) pacer_.SlowDown(Clock::now());
+    if (response.status == 429 && outcome != Outcome::kBlocked &&
+        (judged.search || judged.charge.error_code != kSpendCapPending)) {
+      pacer_.SlowDown(Clock::now());
+    }
     if (judged.search && outcome == Outcome::kNeedsReview) {
       Log(who + " is needs_review: " + judged.found.message);
     } else if (outcome == Outcome::kPaused && through_proxy_ && !judged.search &&

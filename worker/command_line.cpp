@@ -12,6 +12,8 @@ const char* const kUsage =
     "                       [--issuer-token-file PATH --issuer-max-period-usd AMOUNT]\n"
     "                       [--webhook-database CONNINFO]\n"
     "                       [--upstream-timeout SECONDS] [--threads N] [--database-pool N]\n"
+    "                       [--idempotency-window SECONDS] [--reconcile-after SECONDS]\n"
+    "                       [--issuer-max-key-days DAYS] [--issuer-period-months N]\n"
     "       billguard-proxy --help\n"
     "\n"
     "The spend-cap proxy: holds the real Stripe key, issues per-period vault keys\n"
@@ -48,6 +50,19 @@ const char* const kUsage =
     "                            one while it sends a request, so serve only the\n"
     "                            billing database's hosts and the operator\n"
     "  --database-pool N         connections to each database (8)\n"
+    "  --idempotency-window S    how long Stripe is trusted to remember an\n"
+    "                            Idempotency-Key (82800, 23 h; at most 86400): a key\n"
+    "                            still reserved past it is looked up at Stripe\n"
+    "                            before anything is forwarded; until its outcome is\n"
+    "                            known it is answered 409 reservation_reconciling\n"
+    "  --reconcile-after S       quiet time after a key's last attempt before\n"
+    "                            Stripe's silence about it counts, and the proxy\n"
+    "                            looks up by itself every reservation in doubt that\n"
+    "                            long (120; at least --upstream-timeout)\n"
+    "  --issuer-max-key-days N   the issuer token's keys expire within N days (100)\n"
+    "  --issuer-period-months N  the issuer token's keys name billing periods at\n"
+    "                            most N months from the current one, UTC (1: the\n"
+    "                            previous, the current and the next)\n"
     "\n"
     "Secret files must be readable by their owner only (chmod 600); tokens are at\n"
     "least 24 characters.\n"
@@ -109,7 +124,11 @@ Options ParseCommandLine(int argc, char** argv) {
                                          "--threads",
                                          "--database-pool",
                                          "--webhook-database",
-                                         "--issuer-max-period-usd"};
+                                         "--issuer-max-period-usd",
+                                         "--idempotency-window",
+                                         "--reconcile-after",
+                                         "--issuer-max-key-days",
+                                         "--issuer-period-months"};
     bool known = false;
     for (const char* name : kFlags) known = known || flag == name;
     if (!known) throw UsageError("unknown option " + flag);
@@ -155,6 +174,30 @@ Options ParseCommandLine(int argc, char** argv) {
   }
   if (values.count("--database-pool") != 0) {
     options.database_pool = ParseInt("--database-pool", values["--database-pool"], 1, 256);
+  }
+  // Stripe keeps a key at least 24 hours: a longer window would trust a
+  // memory it may have pruned.
+  if (values.count("--idempotency-window") != 0) {
+    options.idempotency_window_s =
+        ParseInt("--idempotency-window", values["--idempotency-window"], 1, 86400);
+  }
+  if (values.count("--reconcile-after") != 0) {
+    options.reconcile_after_s =
+        ParseInt("--reconcile-after", values["--reconcile-after"], 1, 86400);
+  }
+  // An attempt still waiting for Stripe's answer must not count as quiet.
+  if (options.reconcile_after_s < options.upstream_timeout_s) {
+    throw UsageError("--reconcile-after (" + std::to_string(options.reconcile_after_s) +
+                     ") must be at least --upstream-timeout (" +
+                     std::to_string(options.upstream_timeout_s) + ")");
+  }
+  if (values.count("--issuer-max-key-days") != 0) {
+    options.issuer_max_key_days =
+        ParseInt("--issuer-max-key-days", values["--issuer-max-key-days"], 1, 36500);
+  }
+  if (values.count("--issuer-period-months") != 0) {
+    options.issuer_period_months =
+        ParseInt("--issuer-period-months", values["--issuer-period-months"], 0, 1200);
   }
   return options;
 }

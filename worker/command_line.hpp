@@ -21,6 +21,12 @@ struct Options {
   int upstream_timeout_s = 20;
   int threads = 64;
   int database_pool = 8;
+  // What happens to a reserved key over time, and what the issuer token
+  // may ask for (ledger.hpp's LedgerPolicy).
+  int idempotency_window_s = 23 * 3600;
+  int reconcile_after_s = 120;
+  int issuer_max_key_days = 100;
+  int issuer_period_months = 1;
   bool help = false;
 };
 

@@ -1,6 +1,8 @@
 // The connection pool (see database_pool.hpp).
 #include "database_pool.hpp"
 
+#include <poll.h>
+
 namespace billguard::proxy {
 
 namespace {
@@ -8,11 +10,30 @@ namespace {
 // How long a call waits for a free connection before answering 503.
 constexpr auto kAcquireTimeout = std::chrono::seconds(10);
 
+// An idle connection has nothing to read: no query is outstanding and the
+// proxy listens for no notification. Anything waiting on its socket is the
+// server's goodbye (the FATAL of a shutdown or a terminated backend, then
+// end of file), so it must not carry the next call.
+bool StillOpen(pqxx::connection& connection) {
+  if (!connection.is_open()) return false;
+  const int socket = connection.sock();
+  if (socket < 0) return false;
+  pollfd waiting{socket, POLLIN, 0};
+  const int ready = ::poll(&waiting, 1, 0);
+  return ready == 0;
+}
+
 }  // namespace
 
 DatabasePool::DatabasePool(std::string conninfo, std::size_t size,
-                           std::function<void(pqxx::connection&)> prepare)
-    : conninfo_(std::move(conninfo)), size_(size), prepare_(std::move(prepare)) {}
+                           std::function<void(pqxx::connection&)> prepare,
+                           std::atomic<unsigned long long>* replaced,
+                           std::atomic<unsigned long long>* retried)
+    : conninfo_(std::move(conninfo)),
+      size_(size),
+      prepare_(std::move(prepare)),
+      replaced_(replaced),
+      retried_(retried) {}
 
 DatabasePool::Lease::Lease(DatabasePool& p) : pool(p), connection(p.Acquire()) {}
 
@@ -21,6 +42,7 @@ DatabasePool::Lease::~Lease() {
 }
 
 std::unique_ptr<pqxx::connection> DatabasePool::Acquire() {
+  std::unique_ptr<pqxx::connection> connection;
   {
     std::unique_lock<std::mutex> lock(mutex_);
     if (!released_.wait_for(lock, kAcquireTimeout, [&] { return leased_ < size_; })) {
@@ -28,12 +50,18 @@ std::unique_ptr<pqxx::connection> DatabasePool::Acquire() {
     }
     ++leased_;
     if (!idle_.empty()) {
-      auto connection = std::move(idle_.back());
+      connection = std::move(idle_.back());
       idle_.pop_back();
-      return connection;
     }
   }
-  // A new connection, opened outside the lock.
+  // Checked, and a new one opened, outside the lock.
+  if (connection && StillOpen(*connection)) return connection;
+  if (connection && replaced_ != nullptr) ++*replaced_;
+  connection.reset();
+  return Open();
+}
+
+std::unique_ptr<pqxx::connection> DatabasePool::Open() {
   try {
     auto connection = std::make_unique<pqxx::connection>(conninfo_);
     prepare_(*connection);

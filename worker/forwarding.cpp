@@ -2,11 +2,11 @@
 #include "forwarding.hpp"
 
 #include <chrono>
-#include <cstdio>
 
 #include "credentials.hpp"
+#include "ledger_request.hpp"
+#include "reconciler.hpp"
 #include "stripe_errors.hpp"
-#include "sha256.hpp"
 #include "stripe_request_parser.hpp"
 #include "upstream_answer.hpp"
 
@@ -61,16 +61,16 @@ void HandleStripeRequest(ProxyContext& context, const httplib::Request& req,
 
   Authorization authorization;
   try {
-    ForwardedRequest request;
-    request.secret_sha256 = Sha256Bytes(*credential);
-    request.method = parsed.method;
-    request.endpoint = parsed.path;
-    if (req.has_header("Idempotency-Key")) request.idempotency_key = idempotency_key;
-    request.request_digest = parsed.digest;
-    request.amount_cents = parsed.amount_cents;
-    request.currency = parsed.currency;
-    request.customer = parsed.customer;
+    const ForwardedRequest request = LedgerRequest(parsed, *credential,
+                                                   req.has_header("Idempotency-Key")
+                                                       ? std::optional<std::string>(idempotency_key)
+                                                       : std::nullopt,
+                                                   req.get_header_value("Stripe-Version"));
     authorization = context.ledger.Authorize(request);
+    if (authorization.decision == "reconcile") {
+      authorization =
+          ReconcileBeforeForwarding(context.ledger, context.upstream, request, authorization);
+    }
   } catch (const DatabaseUnavailable&) {
     decision = "unavailable";
     res.set_header("Stripe-Should-Retry", "true");
@@ -87,8 +87,10 @@ void HandleStripeRequest(ProxyContext& context, const httplib::Request& req,
       res.set_header("Idempotent-Replayed", "true");
       if (!authorization.request_id.empty()) res.set_header("Request-Id", authorization.request_id);
     } else {
-      // A refusal stands until the budget changes: retrying cannot help.
-      res.set_header("Stripe-Should-Retry", "false");
+      // A refusal stands until the budget changes, unless the ledger says
+      // it is a throttle (room held by open reservations, a key being
+      // reconciled).
+      res.set_header("Stripe-Should-Retry", authorization.should_retry ? "true" : "false");
     }
     AnswerJson(res, authorization.http_status, authorization.body);
     return count();
@@ -101,14 +103,8 @@ void HandleStripeRequest(ProxyContext& context, const httplib::Request& req,
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   const UpstreamAnswer answer = ReadUpstreamAnswer(response);
   if (authorization.reserves()) {
-    try {
-      context.ledger.Settle(authorization.key_id, idempotency_key, answer);
-    } catch (const std::exception& e) {
-      // Stripe's answer is still relayed; the amount stays reserved until a
-      // retry with the same Idempotency-Key settles it.
-      std::fprintf(stderr, "billguard-proxy: could not settle %s of %s (it stays reserved): %s\n",
-                   idempotency_key.c_str(), authorization.key_id.c_str(), e.what());
-    }
+    // Kept until the database takes it, should it not now (ledger.hpp).
+    context.ledger.Settle(authorization.key_id, idempotency_key, authorization.attempt, answer);
   }
   if (response.status == 0) {
     res.set_header("Stripe-Should-Retry", "true");

@@ -44,7 +44,7 @@ json Number(const std::string& text) {
 
 // Runs a ledger call and answers its errors.
 template <typename Fn>
-void WithLedger(ProxyContext& context, httplib::Response& res, Fn&& fn) {
+void WithLedger(httplib::Response& res, Fn&& fn) {
   try {
     fn();
   } catch (const DatabaseUnavailable&) {
@@ -52,7 +52,6 @@ void WithLedger(ProxyContext& context, httplib::Response& res, Fn&& fn) {
   } catch (const LedgerError& e) {
     Error(res, e.http_status, e.what());
   }
-  context.metrics.CountRequest("keys", res.status);
 }
 
 // A 409 of POST /keys: the period's budget exists with another cap. The
@@ -93,6 +92,7 @@ void AnswerStatus(ProxyContext& context, httplib::Response& res, const std::stri
 }
 
 void IssueKey(ProxyContext& context, const httplib::Request& req, httplib::Response& res) {
+  const CountedRequest counted(context.metrics, "keys", res.status);
   const Role role = RoleOf(context, req);
   if (role == Role::kNone) {
     return Error(res, 401, "POST /keys needs the issuer or the admin token");
@@ -120,7 +120,7 @@ void IssueKey(ProxyContext& context, const httplib::Request& req, httplib::Respo
   }
   key.period_usd_cap = DecimalText(body["period_usd_cap"]);
   key.allowed_endpoints = body["allowed_endpoints"].get<std::vector<std::string>>();
-  WithLedger(context, res, [&] {
+  WithLedger(res, [&] {
     NewKey issued;
     try {
       issued = context.ledger.IssueKey(key);
@@ -143,6 +143,7 @@ void IssueKey(ProxyContext& context, const httplib::Request& req, httplib::Respo
 
 // GET, DELETE and POST /keys/{key_id}: the admin's.
 void ManageKey(ProxyContext& context, const httplib::Request& req, httplib::Response& res) {
+  const CountedRequest counted(context.metrics, "keys", res.status);
   const Role role = RoleOf(context, req);
   if (role == Role::kNone)
     return Error(res, 401, req.method + " /keys/{key_id} needs the admin token");
@@ -154,12 +155,12 @@ void ManageKey(ProxyContext& context, const httplib::Request& req, httplib::Resp
         !body["period_usd_cap"].is_number()) {
       return Error(res, 400, "POST /keys/{key_id} takes {\"period_usd_cap\": number}");
     }
-    return WithLedger(context, res, [&] {
+    return WithLedger(res, [&] {
       context.ledger.RaiseCap(key_id, DecimalText(body["period_usd_cap"]));
       AnswerStatus(context, res, key_id);
     });
   }
-  WithLedger(context, res, [&] {
+  WithLedger(res, [&] {
     if (req.method == "DELETE") context.ledger.RevokeKey(key_id);
     AnswerStatus(context, res, key_id);
   });

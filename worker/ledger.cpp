@@ -1,7 +1,12 @@
 // The ledger's SQL calls (see ledger.hpp).
 #include "ledger.hpp"
 
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+
 #include "secret_flags.hpp"
+#include "settle_queue.hpp"
 #include "sha256.hpp"
 
 namespace billguard::proxy {
@@ -11,16 +16,22 @@ namespace {
 // Every statement is one call of a ledger function, run in its own
 // transaction (autocommit): the function's work is atomic by itself.
 void Prepare(pqxx::connection& connection) {
+  connection.prepare("authorize",
+                     "SELECT decision, http_status, body, key_id, request_id, attempt, "
+                     "should_retry FROM billguard.vault_authorize($1::bytea, $2, $3, $4, $5, "
+                     "$6::bigint, $7, $8, $9, make_interval(secs => $10::integer))");
   connection.prepare(
-      "authorize",
-      "SELECT decision, http_status, body, key_id, request_id "
-      "FROM billguard.vault_authorize($1::bytea, $2, $3, $4, $5, $6::bigint, $7, $8)");
-  connection.prepare("settle",
-                     "SELECT billguard.vault_settle($1, $2, $3::integer, $4, $5, $6, $7)");
+      "settle", "SELECT billguard.vault_settle($1, $2, $3::integer, $4, $5, $6, $7, $8::integer)");
+  connection.prepare("reconcile",
+                     "SELECT billguard.vault_reconcile($1, $2, $3::integer, $4, $5, $6, $7, $8)");
+  connection.prepare("in_doubt",
+                     "SELECT key_id, idempotency_key, endpoint, customer, search_key, attempts, "
+                     "reserved_at, last_forwarded_at FROM billguard.vault_reservations_in_doubt("
+                     "make_interval(secs => $1::integer), $2::integer)");
   connection.prepare("issue",
                      "SELECT vault_key, key_id, cap_usd, vendor FROM billguard.issue_vault_key("
                      "$1, $2, $3::numeric, $4::text[], $5::timestamptz, $6::boolean, "
-                     "$7::numeric)");
+                     "$7::numeric, $8::integer, $9::integer)");
   connection.prepare("status", "SELECT row_to_json(s)::text FROM billguard.vault_key_status($1) s");
   connection.prepare("revoke", "SELECT billguard.revoke_vault_key($1)");
   connection.prepare("raise", "SELECT billguard.raise_vault_cap($1, $2::numeric)");
@@ -79,18 +90,79 @@ LedgerError ErrorFor(const pqxx::sql_error& e) {
   return LedgerError(500, "api_error", "the spend-cap ledger failed (SQLSTATE " + state + ")");
 }
 
+// Bounds of the settles kept in memory: far more than the requests in
+// flight when the database goes away (a settle can only fail for a request
+// authorized before), and little memory at Stripe's answer sizes.
+constexpr std::size_t kMaxKeptSettles = 10000;
+constexpr std::size_t kMaxKeptSettleBytes = 64u << 20;
+
+std::optional<std::string> TextOrNone(const nlohmann::json& object, const char* name) {
+  const auto found = object.find(name);
+  if (found == object.end() || !found->is_string()) return std::nullopt;
+  return found->get<std::string>();
+}
+
+// The body of vault_authorize's reconcile decision: what the ledger knows.
+ReservationInDoubt InDoubtOf(const std::string& body, const std::string& idempotency_key) {
+  const nlohmann::json known = nlohmann::json::parse(body);
+  ReservationInDoubt r;
+  r.key_id = known.at("key_id").get<std::string>();
+  r.idempotency_key = idempotency_key;
+  r.endpoint = known.at("endpoint").get<std::string>();
+  r.customer = TextOrNone(known, "customer");
+  r.search_key = TextOrNone(known, "search_key");
+  r.attempts = known.at("attempts").get<int>();
+  r.reserved_at = known.at("reserved_at").get<double>();
+  r.last_forwarded_at = known.at("last_forwarded_at").get<double>();
+  return r;
+}
+
+const char* FindingName(Finding::Kind kind) {
+  switch (kind) {
+    case Finding::Kind::kFound:
+      return "found";
+    case Finding::Kind::kAbsent:
+      return "absent";
+    case Finding::Kind::kUncertain:
+      break;
+  }
+  return "uncertain";
+}
+
 }  // namespace
 
-Ledger::Ledger(const std::string& conninfo, std::size_t pool_size)
-    : pool_(conninfo, pool_size, Prepare) {}
+Ledger::Ledger(const std::string& conninfo, std::size_t pool_size, LedgerPolicy policy,
+               LedgerCounters& counters)
+    : policy_(policy),
+      counters_(counters),
+      pool_(conninfo, pool_size, Prepare, &counters.connections_replaced, &counters.calls_retried),
+      settles_(std::make_unique<SettleQueue>(
+          [this](const PendingSettle& s) {
+            try {
+              SettleNow(s.key_id, s.idempotency_key, s.attempt, s.answer);
+            } catch (const LedgerError& e) {
+              // Refused for good (22023, P0002): retrying cannot help.
+              if (e.http_status == 500) throw;
+              ++counters_.settles_dropped;
+              std::fprintf(stderr, "billguard-proxy: settle of %s attempt %d refused: %s\n",
+                           s.idempotency_key.c_str(), s.attempt, e.what());
+            }
+          },
+          counters, kMaxKeptSettles, kMaxKeptSettleBytes)) {}
 
+Ledger::~Ledger() = default;
+
+// Every ledger call is one statement in its own transaction: one that
+// broke under it is retried once where a repeat is harmless (retry).
 template <typename Fn>
-auto Ledger::Call(Fn&& fn) -> decltype(fn(std::declval<pqxx::nontransaction&>())) {
+auto Ledger::Call(Fn&& fn, Retry retry) -> decltype(fn(std::declval<pqxx::nontransaction&>())) {
   try {
-    return pool_.Run([&](pqxx::connection& connection) {
-      pqxx::nontransaction tx(connection);
-      return fn(tx);
-    });
+    return pool_.Run(
+        [&](pqxx::connection& connection) {
+          pqxx::nontransaction tx(connection);
+          return fn(tx);
+        },
+        retry);
   } catch (const pqxx::sql_error& e) {
     throw ErrorFor(e);
   }
@@ -98,9 +170,13 @@ auto Ledger::Call(Fn&& fn) -> decltype(fn(std::declval<pqxx::nontransaction&>())
 
 void Ledger::CheckSchema() {
   static const char* const kFunctions[] = {
-      "billguard.vault_authorize(bytea, text, text, text, text, bigint, text, text)",
-      "billguard.vault_settle(text, text, integer, text, text, text, text)",
-      "billguard.issue_vault_key(text, text, numeric, text[], timestamptz, boolean, numeric)",
+      "billguard.vault_authorize(bytea, text, text, text, text, bigint, text, text, text, "
+      "interval)",
+      "billguard.vault_settle(text, text, integer, text, text, text, text, integer)",
+      "billguard.vault_reconcile(text, text, integer, text, text, text, text, text)",
+      "billguard.vault_reservations_in_doubt(interval, integer)",
+      "billguard.issue_vault_key(text, text, numeric, text[], timestamptz, boolean, numeric, "
+      "integer, integer)",
       "billguard.vault_key_status(text)",
       "billguard.revoke_vault_key(text)",
       "billguard.raise_vault_cap(text, numeric)"};
@@ -147,41 +223,122 @@ void Ledger::CheckSchema() {
   }
 }
 
+// Retried once on a broken connection: had the first run committed, the
+// second finds its reservation and reuses it, counted once (its attempt
+// stays in doubt: the cautious side).
 Authorization Ledger::Authorize(const ForwardedRequest& r) {
   return Call([&](pqxx::nontransaction& tx) {
     const std::optional<std::string> amount =
         r.amount_cents ? std::optional<std::string>(std::to_string(*r.amount_cents)) : std::nullopt;
     const auto row = tx.exec_prepared1("authorize", HexBytea(r.secret_sha256), r.method, r.endpoint,
                                        OrNull(r.idempotency_key), r.request_digest, OrNull(amount),
-                                       OrNull(r.currency), OrNull(r.customer));
+                                       OrNull(r.currency), OrNull(r.customer), OrNull(r.search_key),
+                                       policy_.idempotency_window_s);
     Authorization a;
     a.decision = row[0].as<std::string>();
     a.http_status = row[1].is_null() ? 0 : row[1].as<int>();
     a.body = row[2].is_null() ? "" : row[2].as<std::string>();
     a.key_id = row[3].is_null() ? "" : row[3].as<std::string>();
     a.request_id = row[4].is_null() ? "" : row[4].as<std::string>();
+    a.attempt = row[5].is_null() ? 0 : row[5].as<int>();
+    a.should_retry = !row[6].is_null() && row[6].as<bool>();
+    if (a.decision == "reconcile") a.in_doubt = InDoubtOf(a.body, r.idempotency_key.value_or(""));
     return a;
   });
 }
 
-std::string Ledger::Settle(const std::string& key_id, const std::string& idempotency_key,
-                           const UpstreamAnswer& answer) {
+// Answering an attempt twice changes nothing: safe to retry.
+void Ledger::SettleNow(const std::string& key_id, const std::string& idempotency_key, int attempt,
+                       const UpstreamAnswer& answer) {
+  Call([&](pqxx::nontransaction& tx) {
+    return tx.exec_prepared1("settle", key_id, idempotency_key, answer.status,
+                             OrNull(answer.error_type), OrNull(answer.charge_id), answer.body,
+                             OrNull(answer.request_id), attempt);
+  });
+}
+
+void Ledger::Settle(const std::string& key_id, const std::string& idempotency_key, int attempt,
+                    const UpstreamAnswer& answer) {
+  std::string why;
+  try {
+    return SettleNow(key_id, idempotency_key, attempt, answer);
+  } catch (const LedgerError& e) {
+    if (e.http_status != 500) {
+      ++counters_.settles_dropped;
+      std::fprintf(stderr, "billguard-proxy: settle of %s attempt %d of %s refused: %s\n",
+                   idempotency_key.c_str(), attempt, key_id.c_str(), e.what());
+      return;
+    }
+    why = e.what();
+  } catch (const DatabaseUnavailable& e) {
+    why = e.what();
+  }
+  const bool kept = settles_->Keep(PendingSettle{key_id, idempotency_key, attempt, answer});
+  std::fprintf(stderr, "billguard-proxy: could not settle %s attempt %d of %s now (%s): %s\n",
+               idempotency_key.c_str(), attempt, key_id.c_str(),
+               why.substr(0, why.find('\n')).c_str(),
+               kept ? "kept, and retried until the database takes it"
+                    : "no room to keep it; its attempt stays in doubt for the reconciler");
+}
+
+// A finding is a fact about Stripe, and recording it twice changes nothing.
+std::string Ledger::Reconcile(const ReservationInDoubt& r, const Finding& f) {
+  const bool found = f.kind == Finding::Kind::kFound;
+  const std::optional<std::string> charge_id =
+      found ? std::optional<std::string>(f.charge_id) : std::nullopt;
+  const std::optional<std::string> body = found ? std::optional<std::string>(f.body) : std::nullopt;
+  const std::optional<std::string> request_id =
+      found && !f.request_id.empty() ? std::optional<std::string>(f.request_id) : std::nullopt;
   return Call([&](pqxx::nontransaction& tx) {
     return tx
-        .exec_prepared1("settle", key_id, idempotency_key, answer.status, OrNull(answer.error_type),
-                        OrNull(answer.charge_id), answer.body, OrNull(answer.request_id))[0]
+        .exec_prepared1("reconcile", r.key_id, r.idempotency_key, r.attempts, FindingName(f.kind),
+                        OrNull(charge_id), OrNull(body), OrNull(request_id), f.reason)[0]
         .as<std::string>();
   });
 }
 
-NewKey Ledger::IssueKey(const KeyRequest& r) {
+std::vector<ReservationInDoubt> Ledger::ReservationsInDoubt(int max_rows) {
   return Call([&](pqxx::nontransaction& tx) {
-    const auto row = tx.exec_prepared1(
-        "issue", r.vendor, r.billing_period, r.period_usd_cap, TextArray(r.allowed_endpoints),
-        r.expires_at, r.livemode ? "true" : "false", OrNull(r.issuer_max_period_usd));
-    return NewKey{row[0].as<std::string>(), row[1].as<std::string>(), row[2].as<std::string>(),
-                  row[3].as<std::string>()};
+    std::vector<ReservationInDoubt> found;
+    const auto optional = [](const pqxx::field& f) {
+      return f.is_null() ? std::nullopt : std::optional<std::string>(f.c_str());
+    };
+    for (const auto& row : tx.exec_prepared("in_doubt", policy_.reconcile_after_s, max_rows)) {
+      ReservationInDoubt r;
+      r.key_id = row[0].as<std::string>();
+      r.idempotency_key = row[1].as<std::string>();
+      r.endpoint = row[2].as<std::string>();
+      r.customer = optional(row[3]);
+      r.search_key = optional(row[4]);
+      r.attempts = row[5].as<int>();
+      r.reserved_at = row[6].as<double>();
+      r.last_forwarded_at = row[7].as<double>();
+      found.push_back(std::move(r));
+    }
+    return found;
   });
+}
+
+// Never retried: had the first run committed, a second key would be
+// issued (its secret never answered to anyone).
+NewKey Ledger::IssueKey(const KeyRequest& r) {
+  const bool issuer = r.issuer_max_period_usd.has_value();
+  const std::optional<std::string> max_days =
+      issuer ? std::optional<std::string>(std::to_string(policy_.issuer_max_key_days))
+             : std::nullopt;
+  const std::optional<std::string> months =
+      issuer ? std::optional<std::string>(std::to_string(policy_.issuer_period_months))
+             : std::nullopt;
+  return Call(
+      [&](pqxx::nontransaction& tx) {
+        const auto row = tx.exec_prepared1(
+            "issue", r.vendor, r.billing_period, r.period_usd_cap, TextArray(r.allowed_endpoints),
+            r.expires_at, r.livemode ? "true" : "false", OrNull(r.issuer_max_period_usd),
+            OrNull(max_days), OrNull(months));
+        return NewKey{row[0].as<std::string>(), row[1].as<std::string>(), row[2].as<std::string>(),
+                      row[3].as<std::string>()};
+      },
+      Retry::kNever);
 }
 
 std::string Ledger::KeyStatus(const std::string& key_id) {

@@ -3,14 +3,34 @@
 // decided here; this file turns rows and SQL errors into C++ values.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "database_pool.hpp"
+#include "ledger_counters.hpp"
 
 namespace billguard::proxy {
+
+class SettleQueue;
+
+// What the proxy decides about reserved keys over time, and what the
+// issuer token may ask for: the operator's flags (command_line.hpp).
+struct LedgerPolicy {
+  // How long Stripe is trusted to remember an Idempotency-Key (it keeps
+  // one at least 24 hours): a key still reserved past it is reconciled
+  // with Stripe before anything is forwarded again.
+  int idempotency_window_s = 23 * 3600;
+  // How long after a key's last attempt no attempt of it can still be on
+  // its way: only then may Stripe's silence about it mean something.
+  int reconcile_after_s = 120;
+  // The issuer token's keys expire within this many days, and name billing
+  // periods at most this many months from the current one.
+  int issuer_max_key_days = 100;
+  int issuer_period_months = 1;
+};
 
 // An error of the ledger as the proxy answers it: an HTTP status and a
 // Stripe error type, with the database's message (which never holds a secret).
@@ -28,19 +48,48 @@ struct ForwardedRequest {
   std::string method;
   std::string endpoint;  // the path, /v1/...
   std::optional<std::string> idempotency_key;
-  std::string request_digest;  // hex SHA-256 of method, path and parameters
+  // hex SHA-256 of method, path, parameters and Stripe-Version (ledger_request.hpp)
+  std::string request_digest;
   std::optional<long long> amount_cents;
   std::optional<std::string> currency;
   std::optional<std::string> customer;
+  std::optional<std::string> search_key;  // metadata[billguard_key]
+};
+
+// What the ledger knows of a reservation whose outcome the proxy must find
+// out at Stripe.
+struct ReservationInDoubt {
+  std::string key_id;
+  std::string idempotency_key;
+  std::string endpoint;
+  std::optional<std::string> customer;
+  std::optional<std::string> search_key;
+  int attempts = 0;              // the attempt count the lookup starts from
+  double reserved_at = 0;        // Unix seconds
+  double last_forwarded_at = 0;  // Unix seconds
 };
 
 struct Authorization {
-  std::string decision;  // forwarded, reserved, reused, replayed or refused
-  int http_status = 0;   // for replayed and refused
-  std::string body;      // for replayed and refused
+  // forwarded, reserved, reused, replayed, reconcile or refused
+  std::string decision;
+  int http_status = 0;  // for replayed and refused
+  std::string body;     // for replayed and refused
   std::string key_id;
-  std::string request_id;  // Stripe's Request-Id of a replayed answer
+  std::string request_id;       // Stripe's Request-Id of a replayed answer
+  int attempt = 0;              // of reserved and reused, for Settle
+  bool should_retry = false;    // a refusal that is a throttle
+  ReservationInDoubt in_doubt;  // of reconcile
   bool reserves() const { return decision == "reserved" || decision == "reused"; }
+};
+
+// What the proxy found at Stripe about a reservation in doubt.
+struct Finding {
+  enum class Kind { kFound, kAbsent, kUncertain };
+  Kind kind = Kind::kUncertain;
+  std::string charge_id;  // of kFound: the charged object, and its body
+  std::string body;
+  std::string request_id;
+  std::string reason;  // for the audit trail and the proxy's 409
 };
 
 // Stripe's answer to a forwarded request, as vault_settle records it.
@@ -76,15 +125,24 @@ using Row = std::vector<std::pair<std::string, std::optional<std::string>>>;
 
 class Ledger {
  public:
-  Ledger(const std::string& conninfo, std::size_t pool_size);
+  Ledger(const std::string& conninfo, std::size_t pool_size, LedgerPolicy policy,
+         LedgerCounters& counters);
+  ~Ledger();
 
   // Throws StartupError (secret_flags.hpp) when the database lacks the
   // extension, its ledger, or the role's privileges on it.
   void CheckSchema();
 
   Authorization Authorize(const ForwardedRequest& request);
-  std::string Settle(const std::string& key_id, const std::string& idempotency_key,
-                     const UpstreamAnswer& answer);
+  // Records Stripe's answer to attempt `attempt` (Authorization::attempt).
+  // Never throws: what the database does not take now is kept and retried
+  // until it does (settle_queue.hpp).
+  void Settle(const std::string& key_id, const std::string& idempotency_key, int attempt,
+              const UpstreamAnswer& answer);
+  // Records a finding (vault_reconcile): settled, released, unknown or stale.
+  std::string Reconcile(const ReservationInDoubt& reservation, const Finding& finding);
+  // Reserved keys with attempts in doubt and none for reconcile_after_s.
+  std::vector<ReservationInDoubt> ReservationsInDoubt(int max_rows);
   NewKey IssueKey(const KeyRequest& request);
   // vault_key_status as a JSON object.
   std::string KeyStatus(const std::string& key_id);
@@ -93,11 +151,20 @@ class Ledger {
   std::vector<Row> Spend();
   void Ping();
 
+  const LedgerPolicy& policy() const { return policy_; }
+  LedgerCounters& counters() { return counters_; }
+
  private:
   template <typename Fn>
-  auto Call(Fn&& fn) -> decltype(fn(std::declval<pqxx::nontransaction&>()));
+  auto Call(Fn&& fn, Retry retry = Retry::kOnce)
+      -> decltype(fn(std::declval<pqxx::nontransaction&>()));
+  void SettleNow(const std::string& key_id, const std::string& idempotency_key, int attempt,
+                 const UpstreamAnswer& answer);
 
+  const LedgerPolicy policy_;
+  LedgerCounters& counters_;
   DatabasePool pool_;
+  std::unique_ptr<SettleQueue> settles_;
 };
 
 }  // namespace billguard::proxy

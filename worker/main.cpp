@@ -16,6 +16,7 @@
 #include "command_line.hpp"
 #include "forwarding.hpp"
 #include "keys_api.hpp"
+#include "reconciler.hpp"
 #include "secret_flags.hpp"
 #include "stripe_errors.hpp"
 #include "webhooks.hpp"
@@ -124,7 +125,14 @@ int main(int argc, char** argv) {
     if (!options.issuer_token_file.empty()) {
       issuer_token = bp::ReadTokenFile("--issuer-token-file", options.issuer_token_file);
     }
-    bp::Ledger ledger(options.database, static_cast<std::size_t>(options.database_pool));
+    bp::Metrics metrics;
+    bp::LedgerPolicy policy;
+    policy.idempotency_window_s = options.idempotency_window_s;
+    policy.reconcile_after_s = options.reconcile_after_s;
+    policy.issuer_max_key_days = options.issuer_max_key_days;
+    policy.issuer_period_months = options.issuer_period_months;
+    bp::Ledger ledger(options.database, static_cast<std::size_t>(options.database_pool), policy,
+                      metrics.ledger_counters());
     ledger.CheckSchema();
     std::optional<bp::WebhookInbox> webhooks;
     if (!options.webhook_database.empty()) {
@@ -133,7 +141,8 @@ int main(int argc, char** argv) {
     }
     billguard::InitializeHttp();
     const bp::Upstream upstream(options.upstream, upstream_key, options.upstream_timeout_s * 1000L);
-    bp::Metrics metrics;
+    // Reservations in doubt, looked up at Stripe from the start on.
+    const bp::Reconciler reconciler(ledger, upstream);
     bp::ProxyContext context{ledger,
                              upstream,
                              metrics,

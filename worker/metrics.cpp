@@ -66,6 +66,37 @@ std::string Metrics::Render(const std::vector<Row>* budgets) const {
         << "billguard_proxy_upstream_seconds_sum " << upstream_sum_ << "\n"
         << "billguard_proxy_upstream_seconds_count " << upstream_count_ << "\n";
   }
+  const LedgerCounters& c = ledger_counters_;
+  out << "# HELP billguard_proxy_settles_pending Settles the database has not taken yet, kept "
+         "and retried.\n"
+      << "# TYPE billguard_proxy_settles_pending gauge\n"
+      << "billguard_proxy_settles_pending " << c.settles_pending.load() << "\n"
+      << "# HELP billguard_proxy_settles_total Settles the database did not take at once: kept, "
+         "landed later, or dropped (refused for good, or no room: left to the reconciler).\n"
+      << "# TYPE billguard_proxy_settles_total counter\n"
+      << "billguard_proxy_settles_total{result=\"kept\"} " << c.settles_kept.load() << "\n"
+      << "billguard_proxy_settles_total{result=\"landed\"} " << c.settles_landed.load() << "\n"
+      << "billguard_proxy_settles_total{result=\"dropped\"} " << c.settles_dropped.load() << "\n"
+      << "# HELP billguard_proxy_reconciliations_total Reserved keys looked up at Stripe, by "
+         "what the ledger made of the finding.\n"
+      << "# TYPE billguard_proxy_reconciliations_total counter\n";
+  const std::pair<const char*, unsigned long long> reconciled[] = {
+      {"settled", c.reconciled_settled.load()},
+      {"released", c.reconciled_released.load()},
+      {"unknown", c.reconciled_unknown.load()},
+      {"stale", c.reconciled_stale.load()}};
+  for (const auto& [result, count] : reconciled) {
+    out << "billguard_proxy_reconciliations_total{result=\"" << result << "\"} " << count << "\n";
+  }
+  out << "# HELP billguard_proxy_database_connections_replaced_total Pooled connections the "
+         "server had closed, replaced before use.\n"
+      << "# TYPE billguard_proxy_database_connections_replaced_total counter\n"
+      << "billguard_proxy_database_connections_replaced_total " << c.connections_replaced.load()
+      << "\n"
+      << "# HELP billguard_proxy_database_calls_retried_total Ledger calls run again after their "
+         "connection broke under them.\n"
+      << "# TYPE billguard_proxy_database_calls_retried_total counter\n"
+      << "billguard_proxy_database_calls_retried_total " << c.calls_retried.load() << "\n";
   out << "# HELP billguard_proxy_ledger_up Whether the spend-cap ledger could be read.\n"
       << "# TYPE billguard_proxy_ledger_up gauge\n"
       << "billguard_proxy_ledger_up " << (budgets != nullptr ? 1 : 0) << "\n";

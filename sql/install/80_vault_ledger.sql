@@ -82,7 +82,7 @@ COMMENT ON TABLE billguard.vault_keys IS
 -- key, through any key of the budget, shares it, so a retry is counted once.
 -- reserved: counted against the cap, outcome unknown or in flight;
 -- settled: a success, still counted, its answer kept to be replayed for ever;
--- released: refused by Stripe, no longer counted.
+-- released: no attempt of the key can have charged, no longer counted.
 CREATE TABLE billguard.vault_reservations (
   vendor              text NOT NULL,
   billing_period      text NOT NULL,
@@ -101,13 +101,28 @@ CREATE TABLE billguard.vault_reservations (
   response_status     integer,
   response_body       text,
   response_request_id text,
+  -- When it was reserved (again, after a release): Stripe remembers the
+  -- key's first request for 24 hours, so a key still reserved past the
+  -- proxy's idempotency window is never forwarded before the proxy has
+  -- found out from Stripe what its attempts did.
   reserved_at         timestamptz NOT NULL DEFAULT now(),
   settled_at          timestamptz,
+  -- The request's metadata[billguard_key], by which the proxy searches
+  -- Stripe for what the key created.
+  search_key          text,
+  -- The attempts forwarded with the key, numbered 1..attempts, and those
+  -- of them that may have charged: forwarded and not answered yet, or
+  -- answered with no definite outcome (a 5xx, no answer). A refusal
+  -- releases the reservation only when no other attempt is in doubt.
+  attempts            integer NOT NULL DEFAULT 0,
+  attempts_in_doubt   integer[] NOT NULL DEFAULT '{}',
+  last_forwarded_at   timestamptz,
   PRIMARY KEY (vendor, billing_period, currency, idempotency_key),
   FOREIGN KEY (vendor, billing_period, currency) REFERENCES billguard.vault_budgets,
   CONSTRAINT vault_reservations_status_valid CHECK (status IN ('reserved', 'settled', 'released')),
   CONSTRAINT vault_reservations_amount_positive CHECK (amount_cents > 0),
-  CONSTRAINT vault_reservations_settled_answer CHECK (status <> 'settled' OR response_body IS NOT NULL)
+  CONSTRAINT vault_reservations_settled_answer CHECK (status <> 'settled' OR response_body IS NOT NULL),
+  CONSTRAINT vault_reservations_doubt_only_reserved CHECK (status = 'reserved' OR attempts_in_doubt = '{}')
 );
 COMMENT ON TABLE billguard.vault_reservations IS
   'Amounts reserved against a budget per Idempotency-Key, and the answers of settled successes.';
@@ -136,7 +151,8 @@ CREATE TABLE billguard.vault_audit (
   reason          text,
   CONSTRAINT vault_audit_decision_valid CHECK (decision IN (
     'forwarded', 'reserved', 'reused', 'replayed', 'refused',   -- vault_authorize
-    'settled', 'released', 'unknown',                           -- vault_settle
+    'reconcile',
+    'settled', 'released', 'unknown',                           -- vault_settle, vault_reconcile
     'issued', 'revoked', 'cap_raised'))                         -- keys and caps
 );
 COMMENT ON TABLE billguard.vault_audit IS

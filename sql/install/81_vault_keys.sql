@@ -5,7 +5,8 @@
 -- output column alike, as issue_vault_key's public signature does.
 CREATE FUNCTION billguard.vault_issue_key(vendor text, billing_period text, period_usd_cap numeric,
                                           allowed_endpoints text[], expires_at timestamptz,
-                                          livemode boolean, issuer_max_period_usd numeric)
+                                          livemode boolean, issuer_max_period_usd numeric,
+                                          issuer_max_key_days integer, issuer_period_months integer)
   RETURNS TABLE (secret text, new_key_id text, cap_cents bigint)
   LANGUAGE plpgsql
   SET search_path = pg_catalog, pg_temp
@@ -13,6 +14,11 @@ CREATE FUNCTION billguard.vault_issue_key(vendor text, billing_period text, peri
 DECLARE
   cap     bigint := billguard.usd_to_cents(period_usd_cap);
   budget  billguard.vault_budgets;
+  -- The issuer's bounds on a key's life and on the periods it names; the
+  -- documented defaults when the caller passes none.
+  max_days   integer := coalesce(issuer_max_key_days, 100);
+  max_months integer := coalesce(issuer_period_months, 1);
+  months_away integer;
 BEGIN
   IF vendor IS NULL OR vendor !~ '^[a-z][a-z0-9_]{0,39}$' THEN
     RAISE EXCEPTION 'vendor must be 1..40 lower-case letters, digits or _ (e.g. stripe), got %',
@@ -44,6 +50,11 @@ BEGIN
   -- database): another vendor name, other endpoints or a larger new budget
   -- are the admin's.
   IF issuer_max_period_usd IS NOT NULL THEN
+    IF max_days NOT BETWEEN 1 AND 36500 OR max_months NOT BETWEEN 0 AND 1200 THEN
+      RAISE EXCEPTION 'issuer_max_key_days must be 1..36500 and issuer_period_months 0..1200, got % and %',
+                      max_days, max_months
+        USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF vendor <> 'stripe' THEN
       RAISE EXCEPTION 'the issuer token may ask for vendor stripe only, not %', quote_literal(vendor)
         USING ERRCODE = 'insufficient_privilege', HINT = 'Have an admin issue this key.';
@@ -63,6 +74,24 @@ BEGIN
                       to_char(cap / 100.0, 'FM999999999999990.00'), billing_period
         USING ERRCODE = 'insufficient_privilege',
               HINT = 'Have an admin create the period''s budget (POST /keys with the admin token), or raise the ceiling.';
+    END IF;
+    -- A key that never expires, or one for any period the issuer names
+    -- (opening its budget, or joining an old one with room left), would
+    -- outlive or outreach what the dispatcher needs: its key lives 35 days
+    -- past the later of its period's end and now, and it bills the period
+    -- just ended (or the current one). The operator widens both.
+    IF expires_at > now() + make_interval(days => max_days) THEN
+      RAISE EXCEPTION 'the issuer token may ask for a key that expires within % days (--issuer-max-key-days), not at %',
+                      max_days, expires_at
+        USING ERRCODE = 'insufficient_privilege', HINT = 'Ask for an earlier expires_at, or have an admin issue this key.';
+    END IF;
+    months_away := abs((split_part(billing_period, '-', 1)::integer * 12 + split_part(billing_period, '-', 2)::integer)
+                       - (extract(year FROM now() AT TIME ZONE 'UTC')::integer * 12
+                          + extract(month FROM now() AT TIME ZONE 'UTC')::integer));
+    IF months_away > max_months THEN
+      RAISE EXCEPTION 'the issuer token may ask for billing periods within % month(s) of the current one (%, --issuer-period-months), not %',
+                      max_months, to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM'), billing_period
+        USING ERRCODE = 'insufficient_privilege', HINT = 'Have an admin issue this key, or widen --issuer-period-months.';
     END IF;
   END IF;
 
@@ -110,7 +139,9 @@ END $$;
 CREATE FUNCTION billguard.issue_vault_key(vendor text, billing_period text, period_usd_cap numeric,
                                           allowed_endpoints text[], expires_at timestamptz,
                                           livemode boolean DEFAULT true,
-                                          issuer_max_period_usd numeric DEFAULT NULL)
+                                          issuer_max_period_usd numeric DEFAULT NULL,
+                                          issuer_max_key_days integer DEFAULT NULL,
+                                          issuer_period_months integer DEFAULT NULL)
   RETURNS TABLE (vault_key text, key_id text, cap_usd numeric, vendor text)
   LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
   BEGIN ATOMIC
@@ -118,10 +149,12 @@ CREATE FUNCTION billguard.issue_vault_key(vendor text, billing_period text, peri
       FROM billguard.vault_issue_key(issue_vault_key.vendor, issue_vault_key.billing_period,
                                      issue_vault_key.period_usd_cap, issue_vault_key.allowed_endpoints,
                                      issue_vault_key.expires_at, issue_vault_key.livemode,
-                                     issue_vault_key.issuer_max_period_usd) k;
+                                     issue_vault_key.issuer_max_period_usd,
+                                     issue_vault_key.issuer_max_key_days,
+                                     issue_vault_key.issuer_period_months) k;
   END;
-COMMENT ON FUNCTION billguard.issue_vault_key(text, text, numeric, text[], timestamptz, boolean, numeric) IS
-  'A new vault key (vk_live_/vk_test_ + 32 base62, returned once) spending the period''s budget; 23505 when the budget has another cap; with issuer_max_period_usd (the issuer token''s request) 42501 beyond vendor stripe, the charge endpoints and that ceiling for a new budget.';
+COMMENT ON FUNCTION billguard.issue_vault_key(text, text, numeric, text[], timestamptz, boolean, numeric, integer, integer) IS
+  'A new vault key (vk_live_/vk_test_ + 32 base62, returned once) spending the period''s budget; 23505 when the budget has another cap; with issuer_max_period_usd (the issuer token''s request) 42501 beyond vendor stripe, the charge endpoints, that ceiling for a new budget, a key living past issuer_max_key_days (100) or a period more than issuer_period_months (1) from the current one.';
 
 -- A key and its budget, for the proxy's admin.
 CREATE FUNCTION billguard.vault_key_status(key_id text)

@@ -16,6 +16,7 @@ use File::Temp qw(tempdir);
 use HTTP::Tiny;
 use IO::Select;
 use IO::Socket::INET;
+use IPC::Run;
 use JSON::PP;
 use MIME::Base64 qw(encode_base64);
 use POSIX ();
@@ -41,8 +42,10 @@ sub secret_file {
 # Options: conninfo (required), upstream (an emulator or a URL), upstream_key
 # (default: the emulator harness's test key), issuer => 0 to start without an
 # issuer token, issuer_max_period_usd (its --issuer-max-period-usd; default
-# 1000000), port (default 0: any), args => [more flags], stderr => file.
-# Dies unless the proxy announces its port.
+# 1000000), issuer_bounds => 'default' to keep the proxy's own bounds on the
+# issuer's keys (else widened: the tests name fixed periods, such as
+# 2026-08, and keys expiring in 2099), port (default 0: any), args => [more
+# flags], stderr => file. Dies unless the proxy announces its port.
 sub start {
 	my ($class, %o) = @_;
 	my $self = bless { %o }, $class;
@@ -67,7 +70,9 @@ sub command {
 		'--admin-token-file', $self->{files}{admin},
 		(($self->{issuer} // 1)
 			? ('--issuer-token-file', $self->{files}{issuer},
-				'--issuer-max-period-usd', $self->{issuer_max_period_usd} // '1000000')
+				'--issuer-max-period-usd', $self->{issuer_max_period_usd} // '1000000',
+				(($self->{issuer_bounds} // 'wide') eq 'default'
+					? () : ('--issuer-max-key-days', '36500', '--issuer-period-months', '1200')))
 			: ()),
 		@{ $self->{args} // [] });
 }
@@ -238,6 +243,46 @@ sub concurrently {
 		syswrite($sockets[$i], $text) == length($text) or die "short write: $!";
 	}
 	return map { my $a = StripeEmulatorHarness::read_response($_, 120); close $_; $a } @sockets;
+}
+
+# POST /v1/payment_intents with $body, sent on a connection of its own and
+# not waited for: returns the socket, to read the answer from later
+# (StripeEmulatorHarness::read_response).
+sub send_charge {
+	my ($self, $vault_key, $idempotency_key, $body) = @_;
+	my $socket = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $self->{port}, Proto => 'tcp')
+	  // die "connect: $!";
+	my $text = "POST /v1/payment_intents HTTP/1.1\r\nHost: 127.0.0.1:$self->{port}\r\n"
+	  . "Authorization: Bearer $vault_key\r\nIdempotency-Key: $idempotency_key\r\n"
+	  . "Content-Type: application/x-www-form-urlencoded\r\nConnection: close\r\n"
+	  . 'Content-Length: ' . length($body) . "\r\n\r\n$body";
+	syswrite($socket, $text) == length($text) or die "short write: $!";
+	return $socket;
+}
+
+# A session of $node holding the ledger's lock of an Idempotency-Key of
+# stripe's $period budget in USD, as vault_authorize and vault_settle take
+# it: they wait for it. Returns once it is held; end_key_lock lets go.
+sub hold_key_lock {
+	my ($node, $period, $idempotency_key) = @_;
+	my $name = "key_holder_$idempotency_key" =~ s/\W/_/gr;
+	my $holder = IPC::Run::start(
+		[ 'psql', '-XAtq', '-d', $node->connstr('postgres'), '-c', "SET application_name = '$name'",
+		  '-c', "BEGIN; SELECT billguard.lock_vault_idempotency_key('stripe', '$period', 'usd', '$idempotency_key'); "
+		      . 'SELECT pg_sleep(600)' ],
+		'>', \my $out, '2>', \my $err);
+	$node->poll_query_until('postgres',
+		"SELECT count(*) = 1 FROM pg_stat_activity WHERE application_name = '$name' AND wait_event = 'PgSleep'")
+	  or die "the holder did not take the lock of $idempotency_key";
+	return { handle => $holder, name => $name, node => $node };
+}
+
+sub end_key_lock {
+	my ($lock) = @_;
+	$lock->{node}->safe_psql('postgres',
+		"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = '$lock->{name}'");
+	$lock->{handle}->finish;
+	return;
 }
 
 sub admin_token  { $_[0]{admin_token} }

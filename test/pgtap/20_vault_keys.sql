@@ -12,9 +12,11 @@
 -- registered for pg_dump and vault_audit is append-only; the issuer
 -- token's request (issuer_max_period_usd given) is 42501 for another vendor,
 -- other endpoints or a new budget past the ceiling, and changes nothing,
--- while it joins an existing budget at its cap.
+-- while it joins an existing budget at its cap; its keys expire within 100
+-- days and name periods at most a month from the current one (both 42501
+-- beyond, the operator widens them), the admin's are not bounded.
 BEGIN;
-SELECT plan(40);
+SELECT plan(52);
 
 CREATE TEMP TABLE k AS
   SELECT * FROM billguard.issue_vault_key('stripe', '2040-01', 54890.10, ARRAY['/v1/payment_intents', '/v1/charges'],
@@ -124,12 +126,53 @@ SELECT is((SELECT cap_usd FROM billguard.issue_vault_key('stripe', '2040-01',
                                                          (SELECT b.cap_cents / 100.0 FROM billguard.vault_budgets b
                                                            WHERE (b.vendor, b.billing_period) = ('stripe', '2040-01')),
                                                          ARRAY['/v1/payment_intents', '/v1/payment_intents/search'],
-                                                         now() + interval '1 day', true, 100)),
+                                                         now() + interval '1 day', true, 100, NULL, 1200)),
           (SELECT round(b.cap_cents / 100.0, 2) FROM billguard.vault_budgets b
             WHERE (b.vendor, b.billing_period) = ('stripe', '2040-01') AND b.cap_cents > 10000),
           'issuer: an existing budget past the ceiling is joined at its cap');
 SELECT is((SELECT cap_usd FROM billguard.issue_vault_key('stripe_b', '2040-05', 100000, ARRAY['/v1/payouts'], now() + interval '1 day')),
           100000.00, 'the admin (no ceiling) is not bounded');
+
+-- The issuer's keys: a bounded life, and periods near the current one.
+CREATE TEMP TABLE months AS
+  SELECT to_char(now() AT TIME ZONE 'UTC' + m * interval '1 month', 'YYYY-MM') AS period, m
+    FROM generate_series(-3, 3) m;
+CREATE FUNCTION pg_temp.issuer_key(period_offset integer, expires_at timestamptz,
+                                   max_days integer DEFAULT NULL, max_months integer DEFAULT NULL)
+  RETURNS text LANGUAGE sql AS $$
+  SELECT key_id FROM billguard.issue_vault_key('stripe', (SELECT period FROM months WHERE m = period_offset), 10,
+                                               ARRAY['/v1/payment_intents'], expires_at, true, 100,
+                                               max_days, max_months)
+$$;
+CREATE TEMP TABLE issuer_rows_2 AS
+  SELECT (SELECT count(*) FROM billguard.vault_budgets) budgets, (SELECT count(*) FROM billguard.vault_keys) keys;
+SELECT throws_ok($$SELECT pg_temp.issuer_key(0, 'infinity')$$, '42501',
+                 'the issuer token may ask for a key that expires within 100 days (--issuer-max-key-days), not at infinity',
+                 'issuer: a key that never expires is 42501');
+SELECT throws_ok($$SELECT pg_temp.issuer_key(0, now() + interval '101 days')$$, '42501', NULL,
+                 'issuer: a key living 101 days is 42501 (the default is 100)');
+SELECT throws_ok(format($$SELECT pg_temp.issuer_key(2, now() + interval '1 day')$$), '42501',
+                 format('the issuer token may ask for billing periods within 1 month(s) of the current one (%s, --issuer-period-months), not %s',
+                        (SELECT period FROM months WHERE m = 0), (SELECT period FROM months WHERE m = 2)),
+                 'issuer: a period two months ahead is 42501');
+SELECT throws_ok($$SELECT pg_temp.issuer_key(-2, now() + interval '1 day')$$, '42501', NULL,
+                 'issuer: a period two months back is 42501');
+SELECT is((SELECT count(*) FROM billguard.vault_budgets) || '/' || (SELECT count(*) FROM billguard.vault_keys),
+          (SELECT budgets || '/' || keys FROM issuer_rows_2), '... and none changed anything');
+SELECT matches(pg_temp.issuer_key(-1, now() + interval '100 days'), '^vkey_',
+               'issuer: the previous period, a key of 100 days');
+SELECT matches(pg_temp.issuer_key(0, now() + interval '66 days'), '^vkey_', 'issuer: the current period');
+SELECT matches(pg_temp.issuer_key(1, now() + interval '97 days'), '^vkey_',
+               'issuer: the next period, expiring 35 days after its end (the dispatcher''s request)');
+SELECT matches(pg_temp.issuer_key(3, now() + interval '1000 days', 1000, 3), '^vkey_',
+               'issuer: the operator widens both');
+SELECT matches((SELECT key_id FROM billguard.issue_vault_key('stripe', (SELECT period FROM months WHERE m = -2), 10,
+                                                            ARRAY['/v1/payment_intents'], now() + interval '1 day')),
+               '^vkey_', 'the admin opens the budget of two months back');
+SELECT throws_ok($$SELECT pg_temp.issuer_key(-2, now() + interval '1 day')$$, '42501', NULL,
+                 'issuer: joining a far period''s budget is 42501 too (its room left is not the issuer''s)');
+SELECT matches((SELECT key_id FROM billguard.issue_vault_key('stripe', '2040-07', 10, ARRAY['/v1/payment_intents'], 'infinity')),
+               '^vkey_', 'the admin is not bounded: any period, a key that never expires');
 
 SELECT * FROM finish();
 ROLLBACK;

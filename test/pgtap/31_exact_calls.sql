@@ -97,7 +97,7 @@ SELECT lives_ok($$
                                                        1000::bigint, 'usd', 'cus_t31'))$$,
                 'vault_authorize');
 SELECT lives_ok($$
-  SELECT billguard.vault_settle((SELECT key_id FROM t31_key), 'idem_t31', 200, NULL, 'pi_t31v', '{}', 'req_t31'),
+  SELECT billguard.vault_settle((SELECT key_id FROM t31_key), 'idem_t31', 200, NULL, 'pi_t31v', '{}', 'req_t31', 1),
          billguard.raise_vault_cap((SELECT key_id FROM t31_key), 200::numeric),
          (SELECT count(*) FROM billguard.vault_key_status((SELECT key_id FROM t31_key))),
          billguard.revoke_vault_key((SELECT key_id FROM t31_key))$$,

@@ -93,9 +93,11 @@ q1($node, q{
 	CREATE ROLE billguard_proxy LOGIN;
 	GRANT USAGE ON SCHEMA billguard TO billguard_proxy;
 	GRANT EXECUTE ON FUNCTION
-	  billguard.issue_vault_key(text, text, numeric, text[], timestamptz, boolean, numeric),
-	  billguard.vault_authorize(bytea, text, text, text, text, bigint, text, text),
-	  billguard.vault_settle(text, text, integer, text, text, text, text),
+	  billguard.issue_vault_key(text, text, numeric, text[], timestamptz, boolean, numeric, integer, integer),
+	  billguard.vault_authorize(bytea, text, text, text, text, bigint, text, text, text, interval),
+	  billguard.vault_settle(text, text, integer, text, text, text, text, integer),
+	  billguard.vault_reconcile(text, text, integer, text, text, text, text, text),
+	  billguard.vault_reservations_in_doubt(interval, integer),
 	  billguard.vault_key_status(text),
 	  billguard.revoke_vault_key(text),
 	  billguard.raise_vault_cap(text, numeric)

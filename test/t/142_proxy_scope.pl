@@ -141,7 +141,8 @@ is($ledger_rows->(), $rows_before, '... and none created a budget, a key or a Va
 is($proxy->key_status($key->{key_id})->{cap_cents}, 1050, "the existing budget's cap is unchanged");
 my $metrics_now = $proxy->request('GET', '/metrics', undef)->{content};
 unlike($metrics_now, qr/stripe_b|2026-11/, 'and /metrics shows no new budget');
-like($metrics_now, qr/billguard_proxy_requests_total\{decision="keys",status="403"\} 9\n/, '... but counts the 9 refusals');
+like($metrics_now, qr/billguard_proxy_requests_total\{decision="keys",status="403"\} 11\n/,
+	'... but counts the 9 refusals, and the 2 of /keys/{key_id} above');
 is($forwarded->(), $forwarded_before, 'nothing reached the emulator');
 
 # What the dispatcher asks (vault_key_request, both charge endpoints) passes, up to the ceiling.

@@ -18,9 +18,11 @@
 #     its key request names another cap (101 accounts), the proxy's 409
 #     names the budget's cap, and the dispatcher joins it at that cap (and
 #     says so in the log); 10 charges pass (the headroom), every other one
-#     is refused with 429, audited with customer, amount and key id, and
-#     ends blocked (terminal, out of the queue, BillingBlocked, the cap in
-#     its last_error); the emulator's total never passes the cap.
+#     is refused with 429 (spend_cap_pending, retried, while the cap is held
+#     by charges in flight; spend_cap_exceeded once those have settled),
+#     audited with customer, amount and key id, and ends blocked (terminal,
+#     out of the queue, BillingBlocked, the cap in its last_error); the
+#     emulator's total never passes the cap.
 use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
@@ -149,20 +151,27 @@ is(in_db('postgres', qq{SELECT count(*) FROM billguard.vault_audit
 my $blocked_customers = in_db('bill3', q{SELECT string_agg(stripe_customer, ',' ORDER BY stripe_customer)
                                          FROM billguard.billing_records WHERE status = 'blocked'});
 is(in_db('postgres', qq{SELECT string_agg(customer, ',' ORDER BY customer) FROM billguard.vault_audit
-                         WHERE decision = 'refused' AND key_id = '$bill3_key'}), $blocked_customers,
+                         WHERE decision = 'refused' AND key_id = '$bill3_key'
+                           AND reason = 'spend cap exceeded for billing_period 2026-08'}), $blocked_customers,
 	'... the customers of the blocked records');
 is(in_db('bill3', q{SELECT count(*) FROM billguard.billing_records
-                     WHERE status = 'blocked' AND next_attempt_at IS NULL AND attempts = 1
+                     WHERE status = 'blocked' AND next_attempt_at IS NULL
                        AND last_error LIKE '429 invalid_request_error/spend_cap_exceeded: spend cap exceeded for billing_period 2026-08; the period''s vault cap is 11000.00 USD (vault key vkey\_%)'}),
-	'91', 'blocked records are out of the queue after one attempt, the cap in their last_error');
+	'91', 'blocked records are out of the queue, the cap in their last_error');
+is(in_db('postgres', qq{SELECT count(*) FROM billguard.vault_audit
+                         WHERE decision = 'refused' AND key_id = '$bill3_key' AND http_status = 429
+                           AND reason <> 'spend cap exceeded for billing_period 2026-08'
+                           AND reason NOT LIKE 'the spend cap of billing_period 2026-08 is held by charges in flight or of unknown outcome; %'}),
+	'0', 'every other refusal was spend_cap_pending, while the cap was held by charges in flight: those were sent again');
 is(in_db('bill3', q{SELECT count(*) FROM billguard.journal WHERE event_type = 'BillingBlocked'}), '91',
 	'... each journaled as BillingBlocked');
 is(in_db('bill3', q{SELECT count(DISTINCT billguard.entity_state(persistence_id) ->> 'status') || ' '
                          || min(billguard.entity_state(persistence_id) ->> 'status')
                       FROM billguard.journal WHERE event_type = 'BillingBlocked'}), '1 blocked',
 	'... whose folded state is blocked');
+my $refusals = in_db('postgres', q{SELECT count(*) FROM billguard.vault_audit WHERE decision = 'refused'});
 sleep 1;    # several poll intervals: a blocked record is never sent again
-is(in_db('postgres', q{SELECT count(*) FROM billguard.vault_audit WHERE decision = 'refused'}), '91',
+is(in_db('postgres', q{SELECT count(*) FROM billguard.vault_audit WHERE decision = 'refused'}), $refusals,
 	'no blocked record is sent again');
 is(in_db('postgres', q{SELECT cap_cents FROM billguard.vault_budgets WHERE billing_period = '2026-08'}), $cap_cents,
 	'the cap never changed');

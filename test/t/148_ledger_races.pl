@@ -34,8 +34,12 @@ sub q1 { my ($sql) = @_; return scalar $node->safe_psql('postgres', $sql) }
 # One budget per scenario; auth() and settle() call the ledger with its key.
 q1(q{
 CREATE TABLE race_keys AS SELECT 'x'::text AS period, ''::text AS key_id WITH NO DATA;
+-- A session remembers the attempt its last auth() of a key made, as the
+-- proxy's request does, and settle() answers that attempt (or, in a session
+-- that made none, the key's latest).
 CREATE FUNCTION auth(period text, idem text, amount bigint) RETURNS text LANGUAGE sql AS $$
   SELECT a.decision || coalesce(':' || a.http_status, '')
+         || left(set_config('race.k' || md5(period || idem), coalesce(a.attempt::text, ''), false), 0)
     FROM billguard.vault_keys k,
          billguard.vault_authorize(k.secret_sha256, 'POST', '/v1/payment_intents', idem,
                                    repeat('a', 64), amount, 'usd', 'cus_race') a
@@ -45,11 +49,12 @@ $$;
 CREATE FUNCTION settle(period text, idem text, upstream integer) RETURNS SETOF text LANGUAGE sql AS $$
   SELECT billguard.vault_settle(r.key_id, idem, upstream,
                                 CASE upstream WHEN 402 THEN 'card_error' WHEN 500 THEN 'api_error' END,
-                                CASE WHEN upstream = 200 THEN 'pi_' || idem END, '{"id": "pi"}', 'req_race')
-    FROM race_keys r
+                                CASE WHEN upstream = 200 THEN 'pi_' || idem END, '{"id": "pi"}', 'req_race',
+                                coalesce(nullif(current_setting('race.k' || md5(period || idem), true), '')::integer,
+                                         v.attempts))
+    FROM race_keys r, billguard.vault_reservations v
    WHERE r.period = settle.period
-     AND EXISTS (SELECT FROM billguard.vault_reservations v
-                  WHERE v.billing_period = settle.period AND v.idempotency_key = settle.idem)
+     AND v.billing_period = settle.period AND v.idempotency_key = settle.idem AND v.attempts > 0
 $$;
 });
 sub new_budget {

@@ -75,6 +75,20 @@ void TruthTable() {
   Is(Judged(429, R"({"error":{"message":"spend cap exceeded for billing_period 2026-08"}})"),
      "throttled", "a 429 with the cap's message but not its code: throttled, never guessed");
   Is(Judged(400, cap), "failed", "spend_cap_exceeded on a 400: not the cap's answer, failed");
+  // The proxy's throttles: its budget's room is held by open reservations,
+  // or the key is being reconciled. Retried with the same key, never
+  // terminal, whatever the header says.
+  const std::string pending =
+      R"({"error":{"type":"invalid_request_error","code":"spend_cap_pending"}})";
+  Is(Judged(429, pending, "true"), "throttled", "429 spend_cap_pending: throttled");
+  Is(Judged(429, pending, "false"), "throttled", "... also if a front proxy says otherwise");
+  Is(Judged(429, pending, "", 10, 3), "throttled", "... past max_attempts too");
+  const std::string reconciling =
+      R"({"error":{"type":"api_error","code":"reservation_reconciling"}})";
+  Is(Judged(409, reconciling, "true"), "throttled", "409 reservation_reconciling: throttled");
+  Is(Judged(409, reconciling, ""), "throttled", "... without Should-Retry too");
+  Is(Judged(409, reconciling, "", 10, 3), "throttled", "... past max_attempts too");
+  Is(Judged(400, pending), "failed", "spend_cap_pending on a 400: not the proxy's throttle");
   Is(Judged(403, Error("invalid_request_error", "currency_not_allowed")), "blocked",
      "403 currency_not_allowed (no budget in that currency): blocked");
   Is(Judged(403, Error("invalid_request_error", "endpoint_not_allowed")), "paused",
@@ -203,6 +217,26 @@ void Fields() {
   s = billguard::ReadSearchAnswer(Answer(401, ""), key);
   Is(billguard::OutcomeName(billguard::JudgeSearch(s, 0, 5)), "paused",
      "search answered 401: paused");
+
+  // A page of a list: where it ends, and every object carrying the key.
+  s = search(R"({"object":"list","has_more":true,"data":[)"
+             R"({"id":"pi_3","created":1700000300,"status":"requires_payment_method",)"
+             R"("metadata":{"billguard_key":")" +
+             key +
+             R"("}},{"id":"pi_2","created":1700000200,"status":"succeeded"},)"
+             R"({"id":"pi_1","created":1700000100,"status":"succeeded",)"
+             R"("metadata":{"billguard_key":")" +
+             key + R"("}}]})");
+  Is(std::to_string(s.elements) + " " + (s.has_more ? "more" : "last") + " " + s.last_id + " " +
+         std::to_string(s.oldest_created),
+     "3 more pi_1 1700000100", "a list page: its size, has_more, last id and oldest creation");
+  Is(s.keyed_ids.size() == 2 ? s.keyed_ids[0] + " " + s.keyed_ids[1] : "?", "pi_3 pi_1",
+     "... every object carrying the key, charged or not");
+  Is(s.found_id, "pi_1", "... and the charged one");
+  s = search(R"({"object":"list","has_more":false,"data":[]})");
+  Is(std::to_string(s.elements) + (s.has_more ? " more " : " last ") +
+         std::to_string(s.oldest_created),
+     "0 last -1", "an empty last page");
 }
 
 // Answers that must each end in one sensible outcome, never a crash: the
