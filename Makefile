@@ -41,12 +41,22 @@ OBJS = \
 	extension/stripe_webhook_signature.o \
 	extension/random_text.o
 
-# Released scripts are frozen in sql/; the install script of the version
-# under development is assembled from sql/install/, one file per concern, in
-# name order. Every schema change since 0.1.0 ships in the upgrade script.
-SQL_PARTS  = $(sort $(wildcard sql/install/*.sql))
-DATA       = sql/billguard--0.1.0.sql sql/billguard--0.1.0--0.2.0.sql
-DATA_built = sql/billguard--$(EXTVERSION).sql
+# SQL: each function and view is written once per version that changed it,
+# sql/udfs/<name>/<version>.sql (sql/views/<name>/ for a view) as that
+# version released it, and latest.sql as the version under development has
+# it. sql/assemble.pl builds the scripts PostgreSQL runs from templates that
+# include those files: the install of the version under development from
+# sql/install/*.sql (one file per concern, in name order), the install of a
+# released version from sql/billguard--<version>.sql.in, an upgrade from
+# sql/billguard--<from>--<to>.sql.in (its migration and one include per
+# function or view changed in <to>). 0.1.0 predates the layout: its install
+# is written out whole. test/check-sql.pl holds the files to these rules and
+# every released script to its bytes (sql/released.sha256).
+SQL_PARTS     = $(sort $(wildcard sql/install/*.sql))
+SQL_OBJECTS   = $(wildcard sql/udfs/*/*.sql sql/views/*/*.sql)
+SQL_TEMPLATES = $(sort $(wildcard sql/billguard--*.sql.in))
+DATA          = sql/billguard--0.1.0.sql
+DATA_built    = sql/billguard--$(EXTVERSION).sql $(SQL_TEMPLATES:.sql.in=.sql)
 
 WARNINGS    = -Wall -Wextra -Werror
 PG_CXXFLAGS = -std=c++17 -fno-omit-frame-pointer $(WARNINGS) -Wno-register -Wno-missing-field-initializers
@@ -69,8 +79,10 @@ else ifeq ($(filter test demo bench deps check-style,$(MAKECMDGOALS)),)
 $(error pg_config not found: install postgresql-server-dev-15, or run `make deps`)
 endif
 
-sql/billguard--$(EXTVERSION).sql: $(SQL_PARTS)
-	cat $(SQL_PARTS) > $@
+sql/billguard--$(EXTVERSION).sql: $(SQL_PARTS) $(SQL_OBJECTS) sql/assemble.pl
+	sql/assemble.pl -o $@ $(SQL_PARTS)
+sql/billguard--%.sql: sql/billguard--%.sql.in $(SQL_OBJECTS) sql/assemble.pl
+	sql/assemble.pl -o $@ $<
 
 $(EXTENSION).control: $(EXTENSION).control.in Makefile
 	sed 's/@EXTVERSION@/$(EXTVERSION)/g' $< > $@

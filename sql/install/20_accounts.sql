@@ -31,27 +31,7 @@ SELECT code, minor_units, true FROM (VALUES
   ('ves', 2), ('vnd', 0), ('vuv', 0), ('wst', 2), ('xaf', 0), ('xcd', 2), ('xcg', 2), ('xof', 0),
   ('xpf', 0), ('yer', 2), ('zar', 2), ('zmw', 2), ('zwg', 2), ('zwl', 2)) AS iso (code, minor_units);
 
--- pg_dump carries the currencies users added and the built-in ones they
--- changed, which stop being built-in here. pg_restore runs CREATE EXTENSION
--- first: a dumped row for a built-in code then replaces the built-in values
--- instead of colliding with them (and taking every other dumped row down).
-CREATE FUNCTION billguard.keep_user_currency() RETURNS trigger
-  LANGUAGE plpgsql
-  SET search_path = pg_catalog, pg_temp
-  AS $$
-BEGIN
-  IF TG_OP = 'INSERT' THEN
-    UPDATE billguard.currencies c SET minor_units = NEW.minor_units
-     WHERE c.code = NEW.code AND c.builtin;
-    IF FOUND THEN
-      RETURN NULL;
-    END IF;
-    NEW.builtin := false;
-  ELSE
-    NEW.builtin := OLD.builtin AND NEW.code = OLD.code AND NEW.minor_units = OLD.minor_units;
-  END IF;
-  RETURN NEW;
-END $$;
+\ir ../udfs/keep_user_currency/latest.sql
 
 CREATE TRIGGER currencies_user_rows BEFORE INSERT OR UPDATE ON billguard.currencies
   FOR EACH ROW EXECUTE FUNCTION billguard.keep_user_currency();
@@ -80,52 +60,13 @@ CREATE TABLE billguard.accounts (
 );
 COMMENT ON TABLE billguard.accounts IS 'Who is billed each period: one row per customer, billed amount_cents in currency.';
 
-CREATE FUNCTION billguard.touch_updated_at() RETURNS trigger
-  LANGUAGE plpgsql
-  SET search_path = pg_catalog, pg_temp
-  AS $$
-BEGIN
-  NEW.updated_at := now();
-  RETURN NEW;
-END $$;
+\ir ../udfs/touch_updated_at/latest.sql
 
 CREATE TRIGGER accounts_updated_at BEFORE UPDATE ON billguard.accounts
   FOR EACH ROW WHEN (OLD.* IS DISTINCT FROM NEW.*)
   EXECUTE FUNCTION billguard.touch_updated_at();
 
--- Billing records name their account by customer_id alone (a foreign key
--- would tax every claim of bill_period). Once an account has records, a new
--- id for it, by UPDATE or by DELETE and INSERT, is a new customer to
--- bill_period, billed again for the periods it has already paid.
--- SECURITY DEFINER: whoever maintains accounts need not read billing_records.
-CREATE FUNCTION billguard.refuse_billed_account_change() RETURNS trigger
-  LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-  billed bigint;
-BEGIN
-  IF TG_OP = 'TRUNCATE' THEN
-    SELECT count(*) INTO billed FROM billguard.accounts a
-     WHERE EXISTS (SELECT FROM billguard.billing_records r WHERE r.customer_id = a.customer_id);
-    IF billed > 0 THEN
-      RAISE EXCEPTION 'billguard.accounts cannot be truncated: % accounts have billing records', billed
-        USING ERRCODE = 'restrict_violation',
-              HINT = 'Deactivate them instead: UPDATE billguard.accounts SET active = false.';
-    END IF;
-    RETURN NULL;
-  END IF;
-  IF TG_OP = 'UPDATE' AND NEW.customer_id = OLD.customer_id THEN
-    RETURN NEW;
-  END IF;
-  IF EXISTS (SELECT FROM billguard.billing_records r WHERE r.customer_id = OLD.customer_id) THEN
-    RAISE EXCEPTION 'account % has billing records: %', quote_literal(OLD.customer_id),
-                    CASE TG_OP WHEN 'UPDATE' THEN 'its customer_id never changes'
-                                              ELSE 'it is never deleted' END
-      USING ERRCODE = 'restrict_violation',
-            DETAIL = 'Under another id the same customer would be billed again for the periods already billed.',
-            HINT = 'Deactivate it instead: UPDATE billguard.accounts SET active = false.';
-  END IF;
-  RETURN CASE TG_OP WHEN 'DELETE' THEN OLD ELSE NEW END;
-END $$;
+\ir ../udfs/refuse_billed_account_change/latest.sql
 
 CREATE TRIGGER accounts_keep_billed_ids BEFORE UPDATE OF customer_id OR DELETE ON billguard.accounts
   FOR EACH ROW EXECUTE FUNCTION billguard.refuse_billed_account_change();

@@ -67,35 +67,7 @@ COMMENT ON TABLE billguard.billing_records IS
 CREATE INDEX billing_records_due ON billguard.billing_records (next_attempt_at)
   WHERE next_attempt_at IS NOT NULL;
 
--- A billing record is a financial fact: deleting it would let the same
--- (customer, period) be claimed again with a fresh history, and changing
--- what identifies the charge would break "same key, same parameters". The
--- stored request and the charge id may be set once, never changed.
-CREATE FUNCTION billguard.refuse_billing_record_change() RETURNS trigger
-  LANGUAGE plpgsql
-  SET search_path = pg_catalog, pg_temp
-  AS $$
-BEGIN
-  IF TG_OP = 'UPDATE' AND OLD.charge_id IS NOT NULL AND OLD.charge_id IS DISTINCT FROM NEW.charge_id THEN
-    RAISE EXCEPTION 'billing record %/% already has charge %: a charge id never changes',
-                    OLD.customer_id, OLD.billing_period, OLD.charge_id
-      USING ERRCODE = 'integrity_constraint_violation';
-  END IF;
-  IF TG_OP = 'UPDATE'
-     AND ((OLD.stripe_endpoint IS NOT NULL AND OLD.stripe_endpoint IS DISTINCT FROM NEW.stripe_endpoint)
-          OR (OLD.request_body IS NOT NULL AND OLD.request_body IS DISTINCT FROM NEW.request_body)) THEN
-    RAISE EXCEPTION 'billing record %/%: the request sent to Stripe never changes once stored',
-                    OLD.customer_id, OLD.billing_period
-      USING ERRCODE = 'integrity_constraint_violation';
-  END IF;
-  IF TG_OP = 'UPDATE' THEN
-    RAISE EXCEPTION 'billing record %/% : customer, period, key, amount and payee never change',
-                    OLD.customer_id, OLD.billing_period
-      USING ERRCODE = 'integrity_constraint_violation';
-  END IF;
-  RAISE EXCEPTION 'billguard.billing_records rows are never removed: % refused', TG_OP
-    USING ERRCODE = 'integrity_constraint_violation';
-END $$;
+\ir ../udfs/refuse_billing_record_change/latest.sql
 
 CREATE TRIGGER billing_records_keep_rows BEFORE DELETE OR TRUNCATE ON billguard.billing_records
   FOR EACH STATEMENT EXECUTE FUNCTION billguard.refuse_billing_record_change();
@@ -114,26 +86,6 @@ CREATE TRIGGER billing_records_frozen_identity BEFORE UPDATE ON billguard.billin
      OR (OLD.charge_id IS NOT NULL AND OLD.charge_id IS DISTINCT FROM NEW.charge_id))
   EXECUTE FUNCTION billguard.refuse_billing_record_change();
 
--- How a record's status reads to a caller of bill_customer.
-CREATE FUNCTION billguard.caller_status(record_status text) RETURNS text
-  LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-  SET search_path = pg_catalog, pg_temp
-  RETURN CASE record_status
-    WHEN 'completed' THEN 'already_completed'
-    WHEN 'failed' THEN 'failed'
-    WHEN 'blocked' THEN 'blocked'
-    WHEN 'cancelled' THEN 'cancelled'
-    ELSE 'in_progress'   -- pending, dispatching, unknown, needs_review
-  END;
-
--- Advisory lock classes (first key of the two-key advisory locks) that
--- serialise claims: one per billing period, and one for the scheduler
--- entity's journal.
-CREATE FUNCTION billguard.period_lock_class() RETURNS integer
-  LANGUAGE sql IMMUTABLE PARALLEL SAFE
-  SET search_path = pg_catalog, pg_temp
-  RETURN 1651068161;   -- 'bg' 0x0001
-CREATE FUNCTION billguard.scheduler_lock_class() RETURNS integer
-  LANGUAGE sql IMMUTABLE PARALLEL SAFE
-  SET search_path = pg_catalog, pg_temp
-  RETURN 1651068162;   -- 'bg' 0x0002
+\ir ../udfs/caller_status/latest.sql
+\ir ../udfs/period_lock_class/latest.sql
+\ir ../udfs/scheduler_lock_class/latest.sql

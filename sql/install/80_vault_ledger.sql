@@ -5,37 +5,9 @@
 -- never to a key: a key issued again for the period (after a crash lost the
 -- first answer) joins the budget, and so can never double the cap.
 
--- Secrets and public ids of vault keys (extension/random_text.cpp).
-CREATE FUNCTION billguard.random_base62(length integer) RETURNS text
-  LANGUAGE c VOLATILE STRICT
-  SET search_path = pg_catalog, pg_temp
-  AS 'MODULE_PATHNAME', 'billguard_random_base62';
-
--- A USD amount in cents, exactly (numeric, never floating point); 22023
--- unless it is positive whole cents within 10^15 cents, which keeps every
--- sum of a budget within bigint.
-CREATE FUNCTION billguard.usd_to_cents(usd numeric) RETURNS bigint
-  LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-  SET search_path = pg_catalog, pg_temp
-  AS $$
-BEGIN
-  IF usd IS NULL OR usd <= 0 OR usd * 100 <> trunc(usd * 100) OR usd * 100 > 1e15 THEN
-    RAISE EXCEPTION 'period_usd_cap must be a positive amount of whole cents up to 10000000000000, got %',
-                    coalesce(usd::text, 'NULL')
-      USING ERRCODE = 'invalid_parameter_value';
-  END IF;
-  RETURN (usd * 100)::bigint;
-END $$;
-
--- What a vault key may call: 1..20 Stripe API paths such as
--- /v1/payment_intents (a key for it also reaches /v1/payment_intents/<id>
--- and /v1/payment_intents/search).
-CREATE FUNCTION billguard.are_vault_endpoints(endpoints text[]) RETURNS boolean
-  LANGUAGE sql IMMUTABLE PARALLEL SAFE
-  SET search_path = pg_catalog, pg_temp
-  RETURN coalesce(cardinality(endpoints) BETWEEN 1 AND 20
-                  AND array_position(endpoints, NULL) IS NULL
-                  AND array_to_string(endpoints, ' ') ~ '^(/v1(/[a-z_]+)+)( /v1(/[a-z_]+)+)*$', false);
+\ir ../udfs/random_base62/latest.sql
+\ir ../udfs/usd_to_cents/latest.sql
+\ir ../udfs/are_vault_endpoints/latest.sql
 
 CREATE TABLE billguard.vault_budgets (
   vendor         text NOT NULL,
@@ -158,34 +130,12 @@ CREATE TABLE billguard.vault_audit (
 COMMENT ON TABLE billguard.vault_audit IS
   'Every decision of the spend-cap proxy: time, key, period, request, decision, HTTP status, reason.';
 
-CREATE FUNCTION billguard.refuse_vault_audit_change() RETURNS trigger
-  LANGUAGE plpgsql
-  SET search_path = pg_catalog, pg_temp
-  AS $$
-BEGIN
-  RAISE EXCEPTION 'billguard.vault_audit is append-only: % refused', TG_OP
-    USING ERRCODE = 'insufficient_privilege';
-END $$;
+\ir ../udfs/refuse_vault_audit_change/latest.sql
 
 CREATE TRIGGER vault_audit_append_only BEFORE UPDATE OR DELETE OR TRUNCATE ON billguard.vault_audit
   FOR EACH STATEMENT EXECUTE FUNCTION billguard.refuse_vault_audit_change();
 
--- Spend against cap per budget. settled + reserved = committed in every
--- snapshot, as each decision changes a reservation and the committed sum
--- in one transaction.
-CREATE VIEW billguard.vault_spend AS
-  SELECT b.vendor, b.billing_period, b.currency, b.cap_cents,
-         b.committed_cents - r.reserved_cents AS settled_cents, r.reserved_cents,
-         b.cap_cents - b.committed_cents AS remaining_cents,
-         (SELECT count(*) FROM billguard.vault_keys k
-           WHERE (k.vendor, k.billing_period, k.currency) = (b.vendor, b.billing_period, b.currency)
-             AND k.revoked_at IS NULL AND k.expires_at > now()) AS usable_keys,
-         b.committed_cents
-    FROM billguard.vault_budgets b,
-         LATERAL (SELECT coalesce(sum(v.amount_cents), 0)::bigint AS reserved_cents
-                    FROM billguard.vault_reservations v
-                   WHERE (v.vendor, v.billing_period, v.currency) = (b.vendor, b.billing_period, b.currency)
-                     AND v.status = 'reserved') r;
+\ir ../views/vault_spend/latest.sql
 
 -- pg_dump carries the ledger with its rows: a restored database must still
 -- know what each period has spent and which answers it replays.
