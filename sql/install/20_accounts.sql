@@ -50,7 +50,7 @@ CREATE TABLE billguard.accounts (
   created_at      timestamptz NOT NULL DEFAULT now(),
   updated_at      timestamptz NOT NULL DEFAULT now(),
   -- No two ids that look alike (' cust_1' and 'cust_1' would be two
-  -- customers billed twice): see 15_customer_id.sql.
+  -- customers billed twice): see sql/udfs/is_valid_customer_id/.
   CONSTRAINT accounts_customer_id_valid CHECK (billguard.is_valid_customer_id(customer_id)),
   CONSTRAINT accounts_stripe_customer_valid CHECK (stripe_customer ~ '^cus_[A-Za-z0-9_]{1,250}$'),
   CONSTRAINT accounts_amount_positive CHECK (amount_cents > 0),

@@ -25,6 +25,5 @@ ALTER TABLE billguard.journal ENABLE ALWAYS TRIGGER journal_append_only;
 ALTER TABLE billguard.billing_records ENABLE ALWAYS TRIGGER billing_records_keep_rows;
 ALTER TABLE billguard.billing_records ENABLE ALWAYS TRIGGER billing_records_frozen_identity;
 ALTER TABLE billguard.vault_audit ENABLE ALWAYS TRIGGER vault_audit_append_only;
-ALTER TABLE billguard.currencies ENABLE ALWAYS TRIGGER currencies_user_rows;
 
 \ir ../udfs/archive_history/latest.sql
