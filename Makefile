@@ -4,11 +4,12 @@
 #   make demo                 a throwaway cluster billing a real period end to end
 #   make bench                benchmarks, each printed as a ratio to its baseline
 #   make check-style          the house rules: clang-format, no PostgreSQL in common/
+#   make check-sql            the house rules of sql/: each function written once (test/check-sql.pl)
 
 EXTENSION  = billguard
 # The one version source: the control file, META.json and the C++ (EXTVERSION)
 # are made from it.
-EXTVERSION = 0.2.0
+EXTVERSION = 0.3.0
 
 MODULE_big = billguard
 OBJS = \
@@ -75,7 +76,7 @@ PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
 ifneq ($(PGXS),)
 include $(PGXS)
-else ifeq ($(filter test demo bench deps check-style,$(MAKECMDGOALS)),)
+else ifeq ($(filter test demo bench deps check-style check-sql,$(MAKECMDGOALS)),)
 $(error pg_config not found: install postgresql-server-dev-15, or run `make deps`)
 endif
 
@@ -113,6 +114,14 @@ $(shlib): .build/common/libbillguard_common.a
 # common/ or extension/ rebuilds them all, so no object is linked with
 # another's idea of a struct.
 $(OBJS): $(wildcard common/*.hpp extension/*.hpp)
+# Nor does it track EXTVERSION, which the library compiles in (the schema
+# version its dispatcher waits for): a stamp that changes with it rebuilds
+# the objects, so that no build pairs a new schema with an old library.
+.build/extversion: FORCE
+	@mkdir -p $(@D)
+	@echo '$(EXTVERSION)' | cmp -s - $@ || echo '$(EXTVERSION)' > $@
+$(OBJS): .build/extversion
+.PHONY: FORCE
 
 # Unit tests: each test/unit/<name>_test.cpp is one TAP-printing program,
 # built plain and sanitized; test/unit/run.t runs every one of both.
@@ -152,7 +161,7 @@ install-proxy: $(PROXY)
 
 -include $(wildcard .build/*/*.d .build/*/*/*.d)
 
-.PHONY: test demo bench deps unit check-style
+.PHONY: test demo bench deps unit check-style check-sql
 deps:
 	test/install-deps.sh
 
@@ -161,6 +170,9 @@ unit: $(UNIT_TESTS)
 
 check-style:
 	test/check-style.sh
+
+check-sql:
+	test/check-sql.pl
 
 test:
 	test/run-all.sh

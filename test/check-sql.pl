@@ -66,10 +66,12 @@ my ($development) = slurp("$root/Makefile") =~ /^EXTVERSION\s*=\s*(\S+)/m
   or die "no EXTVERSION in $root/Makefile\n";
 my @released = sort { version_cmp($a, $b) } $first_release,
   map { /billguard--([\d.]+)\.sql\.in$/ ? $1 : () } glob("$sql/billguard--*.sql.in");
-problem("the version under development, $development, has a frozen install (sql/billguard--$development.sql.in):",
-	" it was released, so EXTVERSION must move on")
+# Without a version under development newer than every release, no other
+# rule means anything.
+die "check-sql: the version under development, $development, has a frozen install"
+  . " (sql/billguard--$development.sql.in): it was released, so EXTVERSION must move on\n"
   if grep { $_ eq $development } @released;
-problem("EXTVERSION $development is not newer than the last release, $released[-1]")
+die "check-sql: EXTVERSION $development is not newer than the last release, $released[-1]\n"
   if version_cmp($development, $released[-1]) <= 0;
 my @versions = (@released, $development);
 my %previous = map { ($versions[$_] => $versions[$_ - 1]) } 1 .. $#versions;

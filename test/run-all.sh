@@ -19,8 +19,10 @@ trap cleanup EXIT
 
 failed=0
 skipped=
-echo "== house rules (clang-format, pure C++ in common/)"
+echo "== house rules (clang-format, pure C++ in common/, each SQL function written once)"
 test/check-style.sh || failed=1
+test/check-sql.pl || failed=1
+prove test/check-sql.t || failed=1 # the SQL check fails on what it must
 
 echo "== unit tests (plain, and with AddressSanitizer + UndefinedBehaviorSanitizer)"
 make -s unit || failed=1

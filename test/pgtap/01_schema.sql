@@ -19,7 +19,7 @@ SELECT is((SELECT extversion FROM pg_extension WHERE extname = 'billguard'),
           (SELECT default_version FROM pg_available_extensions WHERE name = 'billguard'),
           'the extension is created at the default version of the control file');
 SELECT ok((SELECT array_agg(version) FROM pg_available_extension_versions WHERE name = 'billguard')
-          @> ARRAY['0.1.0', '0.2.0'], 'the released 0.1.0 is still installable, beside 0.2.0');
+          @> ARRAY['0.1.0', '0.2.0'], 'the released 0.1.0 and 0.2.0 are still installable');
 SELECT throws_ok($$ALTER EXTENSION billguard SET SCHEMA public$$, '0A000', 'extension "billguard" does not support SET SCHEMA',
                  'ALTER EXTENSION billguard SET SCHEMA is refused');
 

@@ -1,17 +1,21 @@
-# Upgrading from the released 0.1.0. A database created with 0.1.0 and
-# holding billing history (completed, failed, pending records, journal,
-# snapshots) is updated with ALTER EXTENSION billguard UPDATE:
-#   - its schema is then exactly the schema of a fresh install (pg_dump
-#     --schema-only --binary-upgrade, which dumps the extension's objects,
-#     compared with OIDs masked; configuration tables compared as a set);
-#   - every row it held is still there, unchanged, except that its settled
-#     records (completed, failed, needs_review) have left the dispatch
-#     queue: their next_attempt_at is NULL; the scheduler's 0.1.0 snapshot
-#     (state version 1) is upcast when folded;
-#   - the dispatcher (already the new library) waits while the database is
-#     at 0.1.0 (and is kept from sending while rows are compared), then
-#     bills on the updated schema: the pending records of
-#     0.1.0 and a new period, one charge per key at the emulator.
+# Updating a database that holds billing history, from each released
+# version, with ALTER EXTENSION billguard UPDATE: 0.1.0 -> 0.2.0 and on to
+# the version under development in a second update, 0.2.0 (created so) ->
+# the version under development, and 0.1.0 -> the version under development
+# in one update. After each update:
+#   - the schema is exactly the schema of a fresh install of the version it
+#     reached (pg_dump --schema-only --binary-upgrade, which dumps the
+#     extension's objects, compared with OIDs masked; configuration tables
+#     compared as a set);
+#   - every row of every table is still there, unchanged (by the columns
+#     the table had), except that the update from 0.1.0 takes the records
+#     0.1.0 settled (completed, failed, needs_review) out of the dispatch
+#     queue: their next_attempt_at is NULL;
+#   - the dispatcher (already the library under development) waits, and
+#     says so, while the database is at an older version, and is kept from
+#     sending while rows are compared; then it sends what was claimed before
+#     the update, and a new period: one charge per key at the emulator. The
+#     scheduler's 0.1.0 snapshot (state version 1) is upcast when folded.
 use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
@@ -19,91 +23,130 @@ use Test::More;
 use BillguardTest;
 use DispatchScenario;
 
-my $emulator = start_emulator();
-my $node = dispatch_node('upgrade', $emulator, { extension_version => '0.1.0' });
-is(q1($node, "SELECT extversion FROM pg_extension WHERE extname = 'billguard'"), '0.1.0',
-	'the database starts at the released 0.1.0');
+# ---- what a database holds before it is updated -------------------------------------
 
-# ---- history written under 0.1.0 --------------------------------------------------
-
-add_accounts($node, 30);
-q1($node, q{
-	INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method, active)
-	VALUES ('cust_eur', 'cus_eur', 2500, 'eur', 'pm_card_visa', true),
-	       ('cust_gone', 'cus_gone', 990, 'usd', NULL, false)});
-is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-06')"), '31', '0.1.0: 2026-06 claimed');
-# What the 0.1.0 dispatcher would have left behind: completed, failed and
-# needs_review records with their journal events (written here by hand, as
-# no 0.1.0 library runs).
-q1($node, q{
-	UPDATE billguard.billing_records
-	   SET status = CASE WHEN customer_id = 'cust_000001' THEN 'failed'
-	                     WHEN customer_id = 'cust_000002' THEN 'needs_review' ELSE 'completed' END,
-	       charge_id = CASE WHEN customer_id IN ('cust_000001', 'cust_000002') THEN NULL
-	                        ELSE 'pi_old_' || customer_id END,
-	       attempts = 1, first_dispatched_at = now() - interval '40 days',
-	       completed_at = now() - interval '40 days',
-	       last_error = CASE WHEN customer_id = 'cust_000001' THEN '402 card_error/card_declined: declined' END
-	 WHERE billing_period = '2026-06'});
-q1($node, q{
-	SELECT billguard.append_billing_event(customer_id, billing_period,
-	         CASE status WHEN 'completed' THEN 'BillingCompleted' WHEN 'failed' THEN 'BillingFailed' ELSE 'NeedsReview' END,
-	         jsonb_build_object('charge_id', charge_id, 'attempt', 1))
-	  FROM billguard.billing_records WHERE billing_period = '2026-06'});
-q1($node, "SELECT billguard.save_snapshot('billing-cust_000003-2026-06')");
-is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-07')"), '31', '0.1.0: 2026-07 claimed, not yet sent');
-q1($node, "SELECT billguard.save_snapshot('billing-scheduler')");
-is(q1($node, "SELECT status FROM billguard.bill_customer('cust_000005', '2026-08', 'req-upgrade')"), 'initiated',
-	'0.1.0: one customer claimed for 2026-08');
-
-# The new library's dispatcher does not touch a 0.1.0 schema.
-ok(wait_for('the dispatcher to report it waits for the update', 20, sub {
-	q1($node, 'SELECT pause_reason FROM billguard.dispatch_status') =~ /ALTER EXTENSION billguard UPDATE/ }),
-	'0.1.0: the dispatcher waits for ALTER EXTENSION billguard UPDATE, and says so');
-is(q1($node, q{SELECT count(*) FROM billguard.billing_records WHERE status <> 'pending' AND billing_period > '2026-06'}), '0',
-	'0.1.0: nothing of 2026-07 or 2026-08 was claimed for sending');
-is($emulator->stats->{requests} // 0, 0, '0.1.0: no request reached the emulator');
-
-# Every row of every table as text, in key order, by the columns 0.1.0 had.
-my %columns;
-for my $table (qw(accounts currencies billing_records journal snapshots)) {
-	$columns{$table} = q1($node, qq{
-		SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) FROM pg_attribute
-		 WHERE attrelid = 'billguard.$table'::regclass AND attnum > 0 AND NOT attisdropped});
+# What a database of 0.1.0 holds, with what 0.1.0's dispatcher would have
+# left behind (written by hand, as no 0.1.0 library runs): 2026-06 settled
+# (completed, one failed, one needs_review) with journal events and a
+# snapshot, 2026-07 claimed and not sent, one claim for 2026-08, and the
+# scheduler's snapshot of state version 1.
+sub history_of_0_1_0 {
+	my ($node) = @_;
+	add_accounts($node, 30);
+	q1($node, q{
+		INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method, active)
+		VALUES ('cust_eur', 'cus_eur', 2500, 'eur', 'pm_card_visa', true),
+		       ('cust_gone', 'cus_gone', 990, 'usd', NULL, false)});
+	is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-06')"), '31', '0.1.0: 2026-06 claimed');
+	settle_by_hand($node, '2026-06');
+	q1($node, "SELECT billguard.save_snapshot('billing-cust_000003-2026-06')");
+	is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-07')"), '31', '0.1.0: 2026-07 claimed, not yet sent');
+	q1($node, "SELECT billguard.save_snapshot('billing-scheduler')");
+	is(q1($node, "SELECT status FROM billguard.bill_customer('cust_000005', '2026-08', 'req-upgrade')"), 'initiated',
+		'0.1.0: one customer claimed for 2026-08');
 }
-sub table_rows {
-	my ($table, $select) = @_;
-	$select //= $columns{$table};
+
+# The period's records as a dispatcher settles them: failed, needs_review
+# and completed, with their journal events. $settled_queue: what the
+# release's dispatcher leaves in next_attempt_at of a settled record (0.1.0
+# its due time, 0.2.0 NULL).
+sub settle_by_hand {
+	my ($node, $period, $settled_queue) = @_;
+	q1($node, qq{
+		UPDATE billguard.billing_records
+		   SET status = CASE WHEN customer_id = 'cust_000001' THEN 'failed'
+		                     WHEN customer_id = 'cust_000002' THEN 'needs_review' ELSE 'completed' END,
+		       charge_id = CASE WHEN customer_id IN ('cust_000001', 'cust_000002') THEN NULL
+		                        ELSE 'pi_old_' || customer_id END,
+		       attempts = 1, first_dispatched_at = now() - interval '40 days',
+		       completed_at = now() - interval '40 days',
+		       last_error = CASE WHEN customer_id = 'cust_000001' THEN '402 card_error/card_declined: declined' END
+		       @{[ $settled_queue ? ", next_attempt_at = $settled_queue" : '' ]}
+		 WHERE billing_period = '$period'});
+	q1($node, qq{
+		SELECT billguard.append_billing_event(customer_id, billing_period,
+		         CASE status WHEN 'completed' THEN 'BillingCompleted' WHEN 'failed' THEN 'BillingFailed' ELSE 'NeedsReview' END,
+		         jsonb_build_object('charge_id', charge_id, 'attempt', 1))
+		  FROM billguard.billing_records WHERE billing_period = '$period'});
+}
+
+# What 0.2.0 adds to a database's history: a cancelled record, the
+# spend-cap ledger (a budget, a key, a settled and a reserved charge, their
+# audit), the dispatcher's vault key, an applied Stripe event.
+sub ledger_of_0_2_0 {
+	my ($node) = @_;
+	is(q1($node, "SELECT billguard.cancel_record('cust_000030', '2026-07')"), 'cancelled',
+		'0.2.0: one record of 2026-07 cancelled');
+	q1($node, q{
+		CREATE TEMP TABLE k AS SELECT * FROM billguard.issue_vault_key('stripe', '2026-07', 500,
+		  ARRAY['/v1/payment_intents'], now() + interval '40 days', false);
+		SELECT a.decision, billguard.vault_settle(a.key_id, 'settled-key', 200, NULL, 'pi_settled',
+		                                          '{"id": "pi_settled"}', 'req_settled', a.attempt)
+		  FROM k, billguard.vault_authorize(sha256(convert_to(k.vault_key, 'UTF8')), 'POST',
+		         '/v1/payment_intents', 'settled-key', repeat('a', 64), 1000, 'usd', 'cus_1', 'settled-key') a;
+		SELECT a.decision
+		  FROM k, billguard.vault_authorize(sha256(convert_to(k.vault_key, 'UTF8')), 'POST',
+		         '/v1/payment_intents', 'reserved-key', repeat('b', 64), 2000, 'usd', 'cus_2', 'reserved-key') a;
+		SELECT billguard.store_vault_credential('http://127.0.0.1:9/', '2026-07', 'usd', k.key_id, k.vault_key, 50000)
+		  FROM k;
+		INSERT INTO billguard.stripe_events (event_id, event_type, object_id, customer_id, billing_period,
+		                                     idempotency_key, effect, stripe_created_at)
+		SELECT 'evt_upgrade', 'payment_intent.succeeded', charge_id, customer_id, billing_period,
+		       idempotency_key, 'confirmed', now() - interval '39 days'
+		  FROM billguard.billing_records WHERE customer_id = 'cust_000003' AND billing_period = '2026-06'});
+	is(q1($node, q{SELECT settled_cents || '/' || reserved_cents FROM billguard.vault_spend WHERE billing_period = '2026-07'}),
+		'1000/2000', '0.2.0: the ledger holds a settled and a reserved charge');
+}
+
+# ---- what an update must keep -----------------------------------------------------------
+
+# Every row of every table of the extension as text, in key order, by the
+# columns each table has now. %expected: for a table whose values the
+# update changes on purpose, the select list (given the columns) that reads
+# them now as they must be after it.
+sub all_rows {
+	my ($node, %expected) = @_;
+	my %rows;
+	for my $table (split /\n/, q1($node, q{
+			SELECT c.relname FROM pg_class c
+			 WHERE c.relnamespace = 'billguard'::regnamespace AND c.relkind = 'r' ORDER BY 1})) {
+		my $columns = q1($node, qq{
+			SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) FROM pg_attribute
+			 WHERE attrelid = 'billguard.$table'::regclass AND attnum > 0 AND NOT attisdropped});
+		my $select = $expected{$table} ? $expected{$table}->($columns) : $columns;
+		$rows{$table} = { columns => $columns, rows => rows_of($node, $table, $select) };
+	}
+	return \%rows;
+}
+
+sub rows_of {
+	my ($node, $table, $select) = @_;
 	return q1($node, "SELECT string_agg(t::text, E'\\n' ORDER BY t::text) FROM (SELECT $select FROM billguard.$table) t");
 }
-my %before = map { ($_ => table_rows($_)) } keys %columns;
-# What the update makes of billing_records: a settled record leaves the
-# dispatch queue, every other value is kept.
-$before{billing_records} = table_rows('billing_records', $columns{billing_records} =~ s/\bnext_attempt_at\b/CASE WHEN status IN ('pending', 'dispatching', 'unknown') THEN next_attempt_at END AS next_attempt_at/r);
 
-# ---- the update ---------------------------------------------------------------------
-
-# Without an API key the dispatcher sends nothing, so every row stays as it
-# was while the update runs and is compared.
-my $key_file = q1($node, 'SHOW billguard.api_key_file');
-reload_with($node, api_key_file => '');
-q1($node, 'ALTER EXTENSION billguard UPDATE');
-is(q1($node, "SELECT extversion FROM pg_extension WHERE extname = 'billguard'"), '0.2.0',
-	'ALTER EXTENSION billguard UPDATE reaches 0.2.0');
-for my $table (sort keys %columns) {
-	is(table_rows($table), $before{$table}, "every row of billguard.$table is intact");
+# After the update every row is as all_rows read it, by the columns its
+# table had.
+sub rows_intact {
+	my ($node, $before, $what) = @_;
+	for my $table (sort keys %$before) {
+		is(rows_of($node, $table, $before->{$table}{columns}), $before->{$table}{rows},
+			"$what: every row of billguard.$table is intact");
+	}
 }
 
-# ---- the same schema as a fresh install ---------------------------------------------
+# The update from 0.1.0 takes the records 0.1.0 settled out of the dispatch
+# queue; every other value is kept.
+my %settled_leave_the_queue = (billing_records => sub {
+	$_[0] =~ s/\bnext_attempt_at\b/CASE WHEN status IN ('pending', 'dispatching', 'unknown') THEN next_attempt_at END AS next_attempt_at/r });
 
-q1($node, 'CREATE DATABASE fresh');
-$node->safe_psql('fresh', 'CREATE EXTENSION billguard');
+# ---- the same schema as a fresh install -------------------------------------------------
 
 # pg_dump leaves an extension's objects out of a plain dump; the binary
 # upgrade mode includes them. Masked: OIDs and transaction ids it
-# preserves, the per-run \restrict key and the configuration table list (compared below as a set).
+# preserves, the per-run \restrict key and the configuration table list
+# (compared below as a set).
 sub schema_of {
-	my ($database) = @_;
+	my ($node, $database) = @_;
 	my ($dump, $errors) = run_command(
 		[ 'pg_dump', '--schema-only', '--binary-upgrade', '-d', $node->connstr($database) ]);
 	die "pg_dump $database: $errors" if $errors;
@@ -113,16 +156,25 @@ sub schema_of {
 		  =~ s/WHERE oid = '\d+'/WHERE oid = ?/r
 	} grep { !/binary_upgrade_set_next_|^\\(un)?restrict / } split /\n/, $dump);
 }
-my ($updated, $fresh) = (schema_of('postgres'), schema_of('fresh'));
-cmp_ok(length($fresh), '>', 10000, 'the dump holds the extension\'s objects');
-my $same = is($updated, $fresh, 'the updated schema is the fresh schema');
-diag(first_difference($updated, $fresh)) unless $same;
 
-my $config_tables = q{
-	SELECT string_agg(c::regclass::text || ' ' || coalesce(w, ''), ', ' ORDER BY c::regclass::text)
-	  FROM pg_extension e, unnest(e.extconfig, e.extcondition) AS u (c, w) WHERE e.extname = 'billguard'};
-is(q1($node, $config_tables), $node->safe_psql('fresh', $config_tables),
-	'the same tables are dumped with their data, with the same conditions');
+# The database postgres, updated to $version, is a fresh install of it.
+sub same_as_fresh {
+	my ($node, $version) = @_;
+	is(q1($node, "SELECT extversion FROM pg_extension WHERE extname = 'billguard'"), $version,
+		"ALTER EXTENSION billguard UPDATE reaches $version");
+	my $fresh = 'fresh_' . ($version =~ tr/./_/r);
+	q1($node, "CREATE DATABASE $fresh");
+	$node->safe_psql($fresh, "CREATE EXTENSION billguard VERSION '$version'");
+	my ($updated, $installed) = (schema_of($node, 'postgres'), schema_of($node, $fresh));
+	cmp_ok(length($installed), '>', 10000, "$version: the dump holds the extension's objects");
+	is($updated, $installed, "$version: the updated schema is the fresh schema")
+	  or diag(first_difference($updated, $installed));
+	my $config_tables = q{
+		SELECT string_agg(c::regclass::text || ' ' || coalesce(w, ''), ', ' ORDER BY c::regclass::text)
+		  FROM pg_extension e, unnest(e.extconfig, e.extcondition) AS u (c, w) WHERE e.extname = 'billguard'};
+	is(q1($node, $config_tables), $node->safe_psql($fresh, $config_tables),
+		"$version: the same tables are dumped with their data, with the same conditions");
+}
 
 # The first lines where two dumps differ, for the diagnostics.
 sub first_difference {
@@ -136,35 +188,139 @@ sub first_difference {
 	  . "\n--- fresh\n" . join("\n", @b[$from .. ($i + 10 < $#b ? $i + 10 : $#b)]);
 }
 
-# ---- the dispatcher works on the updated schema -------------------------------------
+# ---- the dispatcher ------------------------------------------------------------------
 
-# The scheduler's 0.1.0 snapshot (state version 1) is upcast when folded.
-is(q1($node, q{SELECT state_version FROM billguard.snapshots WHERE persistence_id = 'billing-scheduler'}), '1',
-	'the scheduler entity has its 0.1.0 snapshot, of state version 1');
-is(q1($node, q{SELECT billguard.entity_state('billing-scheduler') ->> 'last_issued_period'}), '2026-07',
-	'folding it upcasts it: the last period issued is the greatest of its issued periods');
+# The dispatcher of a library newer than the schema calls none of its
+# functions: it waits for the update and says which versions it sees.
+sub dispatcher_waits {
+	my ($node, $emulator, $version, $library) = @_;
+	ok(wait_for('the dispatcher to report it waits for the update', 20, sub {
+		(q1($node, 'SELECT pause_reason FROM billguard.dispatch_status') // '')
+		  =~ /^waiting for ALTER EXTENSION billguard UPDATE: the database has \Q$version\E, the library is \Q$library\E$/ }),
+		"$version: the dispatcher waits for ALTER EXTENSION billguard UPDATE, and says so")
+	  or diag('pause_reason: ' . (q1($node, 'SELECT pause_reason FROM billguard.dispatch_status') // 'NULL'));
+	is(q1($node, q{SELECT count(*) FROM billguard.billing_records WHERE status = 'dispatching'}), '0',
+		"$version: nothing was claimed for sending");
+	is($emulator->stats->{requests} // 0, 0, "$version: no request reached the emulator");
+}
 
-reload_with($node, api_key_file => $key_file);
+# Once the API key is back, the records claimed before the update are sent,
+# and a new period; exactly one charge per key, carried by its record.
+sub sends_what_was_claimed {
+	my ($node, $emulator, $key_file, $claimed, $history) = @_;
+	reload_with($node, api_key_file => $key_file);
+	ok(wait_until_settled($node, $_), "$_, claimed before the update, is sent after it") for @$claimed;
+	is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-09')"), '31', 'after the update: 2026-09 claimed');
+	ok(wait_until_settled($node, '2026-09'), 'after the update: 2026-09 settles');
+	is(q1($node, q{SELECT string_agg(billing_period || ' ' || status || '=' || n, ', ') FROM
+		(SELECT billing_period, status, count(*) n FROM billguard.billing_records GROUP BY 1, 2 ORDER BY 1, 2) s}),
+		$history, 'every record sent after the update is completed; the settled history is as it was');
+	my $by_key = charges_by_key($emulator);
+	my $sent = q1($node, q{SELECT count(*) FROM billguard.billing_records WHERE charge_id NOT LIKE 'pi_old_%'});
+	is(scalar(keys %$by_key), $sent, "the emulator holds charges for the $sent keys sent");
+	is(scalar(grep { @{ $by_key->{$_} } != 1 } keys %$by_key), 0, 'exactly one successful charge per key');
+	my %record_charge = map { split /\|/ } split /\n/, q1($node, q{
+		SELECT idempotency_key || '|' || charge_id FROM billguard.billing_records WHERE charge_id NOT LIKE 'pi_old_%'});
+	is(scalar(grep { ($record_charge{$_} // '') ne $by_key->{$_}[0] } keys %$by_key), 0,
+		"every record sent after the update carries the emulator's charge id for its key");
+}
 
-ok(wait_until_settled($node, '2026-07'), 'the records claimed under 0.1.0 are sent after the update');
-is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-09')"), '31', '0.2.0: 2026-09 claimed');
-ok(wait_until_settled($node, '2026-09'), '0.2.0: 2026-09 settles');
-ok(wait_until_settled($node, '2026-08'), '0.2.0: the single 2026-08 claim settles');
-is(q1($node, q{SELECT string_agg(billing_period || ' ' || status || '=' || n, ', ') FROM
-	(SELECT billing_period, status, count(*) n FROM billguard.billing_records GROUP BY 1, 2 ORDER BY 1, 2) s}),
-	'2026-06 completed=29, 2026-06 failed=1, 2026-06 needs_review=1, 2026-07 completed=31, '
-	  . '2026-08 completed=1, 2026-09 completed=31',
-	'every record sent after the update is completed; the history of 2026-06 is as it was');
-is(q1($node, q{SELECT billguard.entity_state('billing-scheduler') -> 'issued_periods'}), '["2026-06", "2026-07", "2026-09"]',
-	'the periods issued before and after the update, folded from the 0.1.0 snapshot and the events after it');
-my $by_key = charges_by_key($emulator);
-is(scalar(keys %$by_key), 63, 'the emulator holds charges for 63 keys');
-is(scalar(grep { @{ $by_key->{$_} } != 1 } keys %$by_key), 0, 'exactly one successful charge per key');
-my %record_charge = map { split /\|/ } split /\n/, q1($node, q{
-	SELECT idempotency_key || '|' || charge_id FROM billguard.billing_records WHERE billing_period > '2026-06'});
-is(scalar(grep { ($record_charge{$_} // '') ne $by_key->{$_}[0] } keys %$by_key), 0,
-	"every record sent after the update carries the emulator's charge id for its key");
+# The scheduler's 0.1.0 snapshot (state version 1) is upcast when folded,
+# with the events after it.
+sub scheduler_state_upcast {
+	my ($node) = @_;
+	is(q1($node, q{SELECT state_version FROM billguard.snapshots WHERE persistence_id = 'billing-scheduler'}), '1',
+		'the scheduler entity has its 0.1.0 snapshot, of state version 1');
+	is(q1($node, q{SELECT billguard.entity_state('billing-scheduler') ->> 'last_issued_period'}), '2026-07',
+		'folding it upcasts it: the last period issued is the greatest of its issued periods');
+}
 
-$node->stop;
-$emulator->stop;
+# A node and its emulator, the extension created at $version, the API key
+# file withheld: the dispatcher sends nothing until sends_what_was_claimed.
+sub upgrade_node {
+	my ($name, $version) = @_;
+	my $emulator = start_emulator();
+	my $node = dispatch_node($name, $emulator, { extension_version => $version });
+	is(q1($node, "SELECT extversion FROM pg_extension WHERE extname = 'billguard'"), $version,
+		"the database starts at the released $version");
+	my $key_file = q1($node, 'SHOW billguard.api_key_file');
+	reload_with($node, api_key_file => '');
+	return ($node, $emulator, $key_file);
+}
+
+my $development;
+
+# ---- 0.1.0 -> 0.2.0, then -> the version under development ------------------------------
+
+{
+	my ($node, $emulator, $key_file) = upgrade_node('from_0_1_0_in_two', '0.1.0');
+	$development = q1($node, "SELECT default_version FROM pg_available_extensions WHERE name = 'billguard'");
+	isnt($development, '0.2.0', "the version under development, $development, follows the release 0.2.0");
+	history_of_0_1_0($node);
+	dispatcher_waits($node, $emulator, '0.1.0', $development);
+	my $before = all_rows($node, %settled_leave_the_queue);
+	q1($node, "ALTER EXTENSION billguard UPDATE TO '0.2.0'");
+	rows_intact($node, $before, '0.1.0 -> 0.2.0');
+	same_as_fresh($node, '0.2.0');
+	dispatcher_waits($node, $emulator, '0.2.0', $development);
+
+	ledger_of_0_2_0($node);
+	$before = all_rows($node);
+	q1($node, 'ALTER EXTENSION billguard UPDATE');
+	rows_intact($node, $before, "0.2.0 -> $development");
+	same_as_fresh($node, $development);
+	scheduler_state_upcast($node);
+	sends_what_was_claimed($node, $emulator, $key_file, [ '2026-07', '2026-08' ],
+		'2026-06 completed=29, 2026-06 failed=1, 2026-06 needs_review=1, 2026-07 cancelled=1, '
+		  . '2026-07 completed=30, 2026-08 completed=1, 2026-09 completed=31');
+	$node->stop;
+	$emulator->stop;
+}
+
+# ---- a database created at 0.2.0 -> the version under development -------------------------
+
+{
+	my ($node, $emulator, $key_file) = upgrade_node('from_0_2_0', '0.2.0');
+	add_accounts($node, 30);
+	q1($node, q{
+		INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method, active)
+		VALUES ('cust_eur', 'cus_eur', 2500, 'eur', 'pm_card_visa', true)});
+	is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-06')"), '31', '0.2.0: 2026-06 claimed');
+	settle_by_hand($node, '2026-06', 'NULL');
+	q1($node, "SELECT billguard.save_snapshot('billing-cust_000003-2026-06')");
+	is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-07')"), '31', '0.2.0: 2026-07 claimed, not yet sent');
+	q1($node, "SELECT billguard.save_snapshot('billing-scheduler')");
+	ledger_of_0_2_0($node);
+	dispatcher_waits($node, $emulator, '0.2.0', $development);
+	my $before = all_rows($node);
+	q1($node, 'ALTER EXTENSION billguard UPDATE');
+	rows_intact($node, $before, "0.2.0 -> $development");
+	same_as_fresh($node, $development);
+	sends_what_was_claimed($node, $emulator, $key_file, ['2026-07'],
+		'2026-06 completed=29, 2026-06 failed=1, 2026-06 needs_review=1, 2026-07 cancelled=1, '
+		  . '2026-07 completed=30, 2026-09 completed=31');
+	$node->stop;
+	$emulator->stop;
+}
+
+# ---- 0.1.0 -> the version under development, in one update --------------------------------
+
+{
+	my ($node, $emulator, $key_file) = upgrade_node('from_0_1_0_in_one', '0.1.0');
+	history_of_0_1_0($node);
+	dispatcher_waits($node, $emulator, '0.1.0', $development);
+	my $before = all_rows($node, %settled_leave_the_queue);
+	q1($node, 'ALTER EXTENSION billguard UPDATE');
+	rows_intact($node, $before, "0.1.0 -> $development");
+	same_as_fresh($node, $development);
+	scheduler_state_upcast($node);
+	sends_what_was_claimed($node, $emulator, $key_file, [ '2026-07', '2026-08' ],
+		'2026-06 completed=29, 2026-06 failed=1, 2026-06 needs_review=1, 2026-07 completed=31, '
+		  . '2026-08 completed=1, 2026-09 completed=31');
+	is(q1($node, q{SELECT billguard.entity_state('billing-scheduler') -> 'issued_periods'}), '["2026-06", "2026-07", "2026-09"]',
+		'the periods issued before and after the update, folded from the 0.1.0 snapshot and the events after it');
+	$node->stop;
+	$emulator->stop;
+}
+
 done_testing();
