@@ -121,6 +121,24 @@ fails_with('a view written out in an upgrade', sub {
 	spew("$sql/$upgrade", slurp("$sql/$upgrade") . "CREATE OR REPLACE VIEW billguard.typed_in AS SELECT 1;\n");
 }, qr/\Q$upgrade\E:\d+: a definition outside sql\/udfs\/ or sql\/views\/: CREATE OR REPLACE VIEW/);
 
+fails_with('a function of an upgrade\'s own that it never drops', sub {
+	my ($sql) = @_;
+	spew("$sql/$upgrade", slurp("$sql/$upgrade") . "CREATE FUNCTION billguard.helper() RETURNS int LANGUAGE sql RETURN 1;\n");
+}, qr/\Q$upgrade\E:\d+: a definition outside sql\/udfs\/ or sql\/views\/: CREATE FUNCTION billguard\.helper/);
+
+fails_with('a function of an upgrade\'s own named as a function of sql/udfs', sub {
+	my ($sql) = @_;
+	spew("$sql/$upgrade", slurp("$sql/$upgrade")
+		. "CREATE FUNCTION billguard.bill_period() RETURNS int LANGUAGE sql RETURN 1;\nDROP FUNCTION billguard.bill_period();\n");
+}, qr/\Q$upgrade\E:\d+: a definition outside sql\/udfs\/ or sql\/views\/: CREATE FUNCTION billguard\.bill_period\(\)/);
+
+($status, $said) = check_broken(sub {
+	my ($sql) = @_;
+	spew("$sql/$upgrade", slurp("$sql/$upgrade")
+		. "CREATE FUNCTION billguard.helper() RETURNS int LANGUAGE sql RETURN 1;\nDROP FUNCTION billguard.helper();\n");
+});
+is($status, 0, 'a function of an upgrade\'s own that it drops again passes') or diag($said);
+
 fails_with('a file that defines another object than its directory', sub {
 	my ($sql) = @_;
 	for my $file ('latest.sql', "$release.sql") {
