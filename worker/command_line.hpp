@@ -19,8 +19,12 @@ struct Options {
   std::string issuer_max_period_usd;
   std::string webhook_database;  // empty: POST /webhooks/stripe is not served
   int upstream_timeout_s = 20;
-  int threads = 64;
+  int threads = 64;  // requests decided at once (worker threads)
   int database_pool = 8;
+  int max_connections = 10000;
+  int header_timeout_s = 10;
+  int body_timeout_s = 10;
+  int idle_timeout_s = 60;
   bool help = false;
 };
 

@@ -1,10 +1,9 @@
 // Parsing Stripe API requests (see stripe_request_parser.hpp).
 #include "stripe_request_parser.hpp"
 
-#include <httplib.h>
-
 #include <algorithm>
 #include <regex>
+#include <string_view>
 
 #include "sha256.hpp"
 
@@ -35,6 +34,48 @@ void CheckFormEncoding(const std::string& text) {
     }
     throw BadRequest(400, "parameter_invalid_encoding",
                      "the body is not application/x-www-form-urlencoded");
+  }
+}
+
+int HexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  return c - 'A' + 10;
+}
+
+// One name or value of a form body that CheckFormEncoding passed: '+' is a
+// space and %XX the byte XX; nothing else is an escape.
+std::string DecodeFormComponent(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '+') {
+      out.push_back(' ');
+    } else if (text[i] == '%') {
+      out.push_back(static_cast<char>(HexValue(text[i + 1]) * 16 + HexValue(text[i + 2])));
+      i += 2;
+    } else {
+      out.push_back(text[i]);
+    }
+  }
+  return out;
+}
+
+// A read's query string goes to Stripe as it came: only the characters a
+// query may hold unescaped (RFC 3986), and well-formed escapes, so that the
+// URL libcurl sends is the one the proxy read.
+void CheckQuery(const std::string& query) {
+  for (std::size_t i = 0; i < query.size(); ++i) {
+    const char c = query[i];
+    const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                       std::string_view("-._~!$&'()*+,;=:@/?[]").find(c) != std::string_view::npos;
+    if (plain) continue;
+    if (c == '%' && i + 2 < query.size() && IsHex(query[i + 1]) && IsHex(query[i + 2])) {
+      i += 2;
+      continue;
+    }
+    throw BadRequest(400, "parameter_invalid_encoding",
+                     "the query string holds a character that must be percent-encoded");
   }
 }
 
@@ -78,10 +119,9 @@ std::vector<std::pair<std::string, std::string>> DecodeForm(const std::string& t
         throw BadRequest(400, "parameter_invalid_encoding",
                          "the body holds a parameter without a name or value");
       }
-      std::string name = httplib::detail::decode_url(pair.substr(0, equals), true);
+      std::string name = DecodeFormComponent(pair.substr(0, equals));
       CheckParameterName(name);
-      parameters.emplace_back(std::move(name),
-                              httplib::detail::decode_url(pair.substr(equals + 1), true));
+      parameters.emplace_back(std::move(name), DecodeFormComponent(pair.substr(equals + 1)));
     }
     start = end + 1;
   }
@@ -121,6 +161,7 @@ ParsedRequest ParseStripeRequest(const std::string& method, const std::string& t
   }
   // A read moves no money: its query string goes to Stripe as it came.
   if (method == "GET") {
+    CheckQuery(r.query);
     r.digest = Sha256Hex(method + " " + target);
     return r;
   }
