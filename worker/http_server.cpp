@@ -2,6 +2,7 @@
 // compiles Boost.Beast and Asio, which are slow to compile.
 #include "http_server.hpp"
 
+#include <boost/asio/dispatch.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
@@ -14,8 +15,10 @@
 #include <boost/beast/http/status.hpp>
 #include <boost/version.hpp>
 
-#include <array>
+#include <sys/socket.h>
+
 #include <atomic>
+#include <cerrno>
 #include <optional>
 
 #include "secret_flags.hpp"
@@ -285,7 +288,10 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
   }
   ~Connection() { --server_.connections_; }
 
-  void Start() { AwaitRequest(); }
+  // On the connection's strand, like everything it does on the I/O side.
+  void Start() {
+    asio::dispatch(socket_.get_executor(), [self = shared_from_this()] { self->AwaitRequest(); });
+  }
 
  private:
   enum class Phase { kIdle, kHeader, kBody, kHandling, kWriting, kLingering, kClosed };
@@ -388,15 +394,45 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
     say_keep_alive_ = reader_->version < 11 && !close_after_answer_;
     auto request = std::make_shared<Request>(std::move(reader_->request));
     server_.workers_.Submit([self = shared_from_this(), request] {
-      auto response = std::make_shared<Response>();
+      Response response;
       try {
-        self->server_.handler_(*request, *response);
+        self->server_.handler_(*request, response);
       } catch (const std::exception&) {
-        *response = StripeError(500, "api_error", "", "the spend-cap proxy failed");
+        response = StripeError(500, "api_error", "", "the spend-cap proxy failed");
       }
-      asio::post(self->socket_.get_executor(),
-                 [self, response] { self->Answer(std::move(*response)); });
+      self->SendFromWorker(response);
     });
+  }
+
+  // On the worker: while a request is decided nothing else touches the
+  // socket, so the worker sends the answer itself, as far as the socket
+  // takes it without waiting; the I/O thread writes the rest, if any, and
+  // goes on with the connection. The client has its answer without
+  // waiting for the I/O thread to be scheduled.
+  void SendFromWorker(const Response& response) {
+    out_ = Serialize(response, close_after_answer_, say_keep_alive_);
+    std::size_t sent = 0;
+    int error = 0;
+    while (sent < out_.size()) {
+      const ssize_t n = ::send(socket_.native_handle(), out_.data() + sent, out_.size() - sent,
+                               MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        sent += static_cast<std::size_t>(n);
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else {
+        if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) error = n == 0 ? EPIPE : errno;
+        break;
+      }
+    }
+    asio::post(socket_.get_executor(),
+               [self = shared_from_this(), sent, error] { self->OnSentFromWorker(sent, error); });
+  }
+
+  void OnSentFromWorker(std::size_t sent, int error) {
+    if (phase_ != Phase::kHandling) return;
+    if (error != 0) return Close();
+    WriteRest(sent);
   }
 
   void Refuse(const HttpRefusal& refusal) {
@@ -408,19 +444,30 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
     Answer(StripeError(refusal.status, "invalid_request_error", refusal.code, refusal.message));
   }
 
-  void Answer(Response response) {
+  // An answer of the HTTP layer itself, on the I/O thread.
+  void Answer(const Response& response) {
     if (phase_ == Phase::kClosed) return;
+    out_ = Serialize(response, close_after_answer_, say_keep_alive_);
+    WriteRest(0);
+  }
+
+  // Writes out_ from `sent` on, then the connection goes on.
+  void WriteRest(std::size_t sent) {
+    if (sent == out_.size()) return Answered();
     phase_ = Phase::kWriting;
     Arm(server_.options_.write_timeout);
-    out_ = Serialize(response, close_after_answer_, say_keep_alive_);
-    asio::async_write(socket_, asio::buffer(out_),
+    asio::async_write(socket_, asio::buffer(out_.data() + sent, out_.size() - sent),
                       [self = shared_from_this()](error_code ec, std::size_t) {
                         if (self->phase_ != Phase::kWriting) return;
                         if (ec) return self->Close();
-                        self->out_.clear();
-                        if (self->close_after_answer_) return self->Linger();
-                        self->AwaitRequest();
+                        self->Answered();
                       });
+  }
+
+  void Answered() {
+    out_.clear();
+    if (close_after_answer_) return Linger();
+    AwaitRequest();
   }
 
   // The answer is sent; what the client still sends is read and dropped,
@@ -434,7 +481,8 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
   }
 
   void Drain() {
-    socket_.async_read_some(asio::buffer(drain_),
+    buffer_.clear();
+    socket_.async_read_some(buffer_.prepare(kReadSize),
                             [self = shared_from_this()](error_code ec, std::size_t n) {
                               if (self->phase_ != Phase::kLingering) return;
                               self->drained_ += n;
@@ -497,7 +545,6 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
   std::size_t header_bytes_ = 0;  // of the request being read
   std::string out_;
   unsigned deadline_generation_ = 0;
-  std::array<char, 4096> drain_{};
   std::size_t drained_ = 0;
 };
 
