@@ -15,6 +15,22 @@ bool IsHex(char c) {
   return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
 }
 
+// Letters, digits, the punctuation given and well-formed %XX escapes, and
+// nothing else; else BadRequest with the message.
+void CheckEscaped(const std::string& text, std::string_view punctuation, const char* message) {
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                       punctuation.find(c) != std::string_view::npos;
+    if (plain) continue;
+    if (c == '%' && i + 2 < text.size() && IsHex(text[i + 1]) && IsHex(text[i + 2])) {
+      i += 2;
+      continue;
+    }
+    throw BadRequest(400, "parameter_invalid_encoding", message);
+  }
+}
+
 // Form encoding as every Stripe client writes it: unreserved characters,
 // '+', '*', %XX escapes, '=' and '&' as separators, and '[' and ']', which
 // the official stripe-node leaves unescaped in the names of hash and array
@@ -22,19 +38,7 @@ bool IsHex(char c) {
 // literal to the decoder. Nothing else, so no byte can mean something else
 // to Stripe than to us.
 void CheckFormEncoding(const std::string& text) {
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                       c == '-' || c == '_' || c == '.' || c == '~' || c == '+' || c == '*' ||
-                       c == '=' || c == '&' || c == '[' || c == ']';
-    if (plain) continue;
-    if (c == '%' && i + 2 < text.size() && IsHex(text[i + 1]) && IsHex(text[i + 2])) {
-      i += 2;
-      continue;
-    }
-    throw BadRequest(400, "parameter_invalid_encoding",
-                     "the body is not application/x-www-form-urlencoded");
-  }
+  CheckEscaped(text, "-_.~+*=&[]", "the body is not application/x-www-form-urlencoded");
 }
 
 int HexValue(char c) {
@@ -65,18 +69,8 @@ std::string DecodeFormComponent(const std::string& text) {
 // query may hold unescaped (RFC 3986), and well-formed escapes, so that the
 // URL libcurl sends is the one the proxy read.
 void CheckQuery(const std::string& query) {
-  for (std::size_t i = 0; i < query.size(); ++i) {
-    const char c = query[i];
-    const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                       std::string_view("-._~!$&'()*+,;=:@/?[]").find(c) != std::string_view::npos;
-    if (plain) continue;
-    if (c == '%' && i + 2 < query.size() && IsHex(query[i + 1]) && IsHex(query[i + 2])) {
-      i += 2;
-      continue;
-    }
-    throw BadRequest(400, "parameter_invalid_encoding",
-                     "the query string holds a character that must be percent-encoded");
-  }
+  CheckEscaped(query, "-._~!$&'()*+,;=:@/?[]",
+               "the query string holds a character that must be percent-encoded");
 }
 
 bool IsNameCharacter(char c) {

@@ -389,6 +389,13 @@ for my $case ([ 'a Stripe-Version that is not a version', 'Stripe-Version: lates
 	$r = capture_send(http_text(body => ProxyHarness::charge_body(amount => 100), lines => charge_lines($capture_key->{vault_key}, $idem, $line)));
 	ok(refused($r, 400), "$what: 400 (got " . shown($r) . ')');
 }
+for my $target ('/v1/payment_intents/search?query=customer:"cus_x"', '/v1/payment_intents/search?query=a%zz',
+	'/v1/payment_intents?limit=1#fragment') {
+	$r = capture_send(http_text(method => 'GET', path => $target, lines => [ "Authorization: Bearer $capture_key->{vault_key}" ]));
+	ok(refused($r, 400), "a read of $target (what a URL must escape, a broken escape, a fragment): 400 (got " . shown($r) . ')');
+}
+is(capture_send(http_text(method => 'GET', path => "/v1/payment_intents/search?query=customer%3A%27cus_x%27&limit=10",
+	lines => [ "Authorization: Bearer $capture_key->{vault_key}" ]))->{status}, 200, '... an escaped one is read');
 $r = capture_send(http_text(body => ProxyHarness::charge_body(amount => 100), lines => charge_lines($capture_key->{vault_key}, undef)));
 is(shown($r), '400 idempotency_key_required', 'a charge without Idempotency-Key: 400');
 my $created = $proxy->request('POST', '/v1/payment_intents', ProxyHarness::charge_body(amount => 100, confirm => 'false'),
@@ -401,7 +408,7 @@ is(($r->{status} // '') . ' ' . ($r->{json}{error}{code} // ''), '400 idempotenc
 is($forwarded->(), $at_stripe, '... not forwarded');
 $proxy->request('POST', "/v1/payment_intents/$created->{json}{id}/cancel", undef, vault_key => $scope->{vault_key});
 is($forwarded->(), $at_stripe + 1, 'cancelling one needs no key');
-is($stripe->requests, $upstream_requests, 'none of the refused requests reached Stripe');
+is($stripe->requests, $upstream_requests + 1, 'none of the refused requests reached Stripe (the escaped read did)');
 like($proxy->request('GET', '/metrics', undef)->{content}, qr/billguard_proxy_requests_total\{decision="rejected",status="431"\} [1-9]/,
 	'/metrics counts what the HTTP layer refused');
 
