@@ -162,7 +162,8 @@ bool OwnedByServer(const std::string& name) {
          SameHeaderName(name, "Transfer-Encoding") || SameHeaderName(name, "Content-Type");
 }
 
-std::string Serialize(const Response& response, bool close, bool say_keep_alive) {
+// A HEAD's answer carries the headers of a GET's, and no body.
+std::string Serialize(const Response& response, bool close, bool say_keep_alive, bool head) {
   const string_view reason = http::obsolete_reason(static_cast<http::status>(response.status));
   std::string out = "HTTP/1.1 " + std::to_string(response.status) + " " +
                     std::string(reason.data(), reason.size()) + "\r\n";
@@ -179,7 +180,7 @@ std::string Serialize(const Response& response, bool close, bool say_keep_alive)
     out += "Connection: keep-alive\r\n";
   }
   out += "\r\n";
-  out += response.body;
+  if (!head) out += response.body;
   return out;
 }
 
@@ -248,6 +249,7 @@ class HttpServer::Impl {
   void Accept() {
     acceptor_.async_accept(asio::make_strand(io_), [this](error_code ec, tcp::socket socket) {
       if (ec == asio::error::operation_aborted) return;
+      if (ec == asio::error::connection_aborted) return Accept();  // the client left first
       if (ec) {
         // Out of file descriptors, say: the next accept may succeed once
         // connections have closed; never a busy loop meanwhile.
@@ -305,6 +307,7 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
   void AwaitRequest() {
     reader_.emplace(server_.options_.limits);
     header_bytes_ = 0;
+    head_ = false;
     if (buffer_.size() > 0) {
       BeginRequest();
       return Parse();
@@ -368,7 +371,10 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
       if (!header_was_done && reader_->is_header_done() && !reader_->is_done()) {
         phase_ = Phase::kBody;
         Arm(server_.options_.body_timeout);
-        if (reader_->request.has_header("Expect") && buffer_.size() == 0) return SendContinue();
+        if (reader_->version >= 11 && reader_->request.has_header("Expect") &&
+            buffer_.size() == 0) {
+          return SendContinue();
+        }
       }
       if (reader_->is_done()) return Dispatch();
     }
@@ -392,12 +398,13 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
     Disarm();
     close_after_answer_ = !reader_->keep_alive();
     say_keep_alive_ = reader_->version < 11 && !close_after_answer_;
+    head_ = reader_->request.method == "HEAD";
     auto request = std::make_shared<Request>(std::move(reader_->request));
     server_.workers_.Submit([self = shared_from_this(), request] {
       Response response;
       try {
         self->server_.handler_(*request, response);
-      } catch (const std::exception&) {
+      } catch (...) {
         response = StripeError(500, "api_error", "", "the spend-cap proxy failed");
       }
       self->SendFromWorker(response);
@@ -410,7 +417,7 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
   // goes on with the connection. The client has its answer without
   // waiting for the I/O thread to be scheduled.
   void SendFromWorker(const Response& response) {
-    out_ = Serialize(response, close_after_answer_, say_keep_alive_);
+    out_ = Serialize(response, close_after_answer_, say_keep_alive_, head_);
     std::size_t sent = 0;
     int error = 0;
     while (sent < out_.size()) {
@@ -447,7 +454,7 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
   // An answer of the HTTP layer itself, on the I/O thread.
   void Answer(const Response& response) {
     if (phase_ == Phase::kClosed) return;
-    out_ = Serialize(response, close_after_answer_, say_keep_alive_);
+    out_ = Serialize(response, close_after_answer_, say_keep_alive_, head_);
     WriteRest(0);
   }
 
@@ -542,6 +549,7 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
   bool close_after_answer_ = false;
   bool say_keep_alive_ = false;
   bool writing_continue_ = false;
+  bool head_ = false;
   std::size_t header_bytes_ = 0;  // of the request being read
   std::string out_;
   unsigned deadline_generation_ = 0;

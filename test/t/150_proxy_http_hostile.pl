@@ -340,6 +340,14 @@ is(StripeEmulatorHarness::read_response($socket, 5)->{headers}{connection}, 'kee
 write_all($socket, http_text(method => 'GET', path => '/healthz', version => 'HTTP/1.0', lines => [ 'Connection: keep-alive' ]));
 is(StripeEmulatorHarness::read_response($socket, 5)->{status}, 200, '... and answers again');
 close $socket;
+# A HEAD's answer has no body: the next answer on the connection is whole.
+$socket = $proxy->connect_raw;
+write_all($socket, http_text(method => 'HEAD', path => '/healthz') . http_text(method => 'GET', path => '/healthz'));
+my $bytes = '';
+while (IO::Select->new($socket)->can_read(1)) { sysread($socket, $bytes, 65536, length $bytes) or last }
+like($bytes, qr{^HTTP/1\.1 404 [^\r]*\r\n(?:[^\r]+\r\n)*\r\nHTTP/1\.1 200 [^\r]*\r\n(?:[^\r]+\r\n)*\r\n\{"status":"ok"\}$},
+	'HEAD is answered without a body, and the GET after it in full');
+close $socket;
 # Expect: 100-continue, as curl sends it.
 $socket = $proxy->connect_raw;
 write_all($socket, substr(http_text(body => $body, lines => [ @{ charge_lines($scope->{vault_key}, 'expect-1') },
