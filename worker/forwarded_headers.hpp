@@ -14,6 +14,9 @@ namespace billguard::proxy {
 
 class ForwardedHeaders {
  public:
+  // None of the client's: for a request the proxy makes of its own.
+  ForwardedHeaders() = default;
+
   // Throws BadRequest: an Idempotency-Key that is not 1-255 printable
   // ASCII characters or is blank, a Stripe-Version that is not a version
   // (2024-06-20, 2025-03-31.basil), or a header that makes Stripe act on
@@ -26,7 +29,6 @@ class ForwardedHeaders {
   const std::optional<std::string>& stripe_version() const { return stripe_version_; }
 
  private:
-  ForwardedHeaders() = default;
   std::optional<std::string> idempotency_key_;
   std::optional<std::string> stripe_version_;
 };

@@ -43,13 +43,13 @@ void HandleStripeRequest(ProxyContext& context, const Request& req, Response& re
                (context.livemode ? "live" : "test") + " Stripe key");
     return count();
   }
-  std::optional<ForwardedHeaders> headers;
+  ForwardedHeaders headers;
   ParsedRequest parsed;
   try {
     headers = ForwardedHeaders::Of(req);
     parsed =
         ParseStripeRequest(req.method, req.target, req.get_header_value("Content-Type"), req.body);
-    if (!headers->idempotency_key() && NeedsIdempotencyKey(parsed)) {
+    if (!headers.idempotency_key() && NeedsIdempotencyKey(parsed)) {
       throw BadRequest(400, "idempotency_key_required",
                        "a " + parsed.method +
                            " that can move money needs an Idempotency-Key: the spend-cap ledger "
@@ -59,7 +59,7 @@ void HandleStripeRequest(ProxyContext& context, const Request& req, Response& re
     Refuse(res, e.http_status, "invalid_request_error", e.code, e.what());
     return count();
   }
-  const std::string idempotency_key = headers->idempotency_key().value_or("");
+  const std::string idempotency_key = headers.idempotency_key().value_or("");
 
   Authorization authorization;
   try {
@@ -67,7 +67,7 @@ void HandleStripeRequest(ProxyContext& context, const Request& req, Response& re
     request.secret_sha256 = Sha256Bytes(*credential);
     request.method = parsed.method;
     request.endpoint = parsed.path;
-    request.idempotency_key = headers->idempotency_key();
+    request.idempotency_key = headers.idempotency_key();
     request.request_digest = parsed.digest;
     request.amount_cents = parsed.amount_cents;
     request.currency = parsed.currency;
@@ -97,8 +97,7 @@ void HandleStripeRequest(ProxyContext& context, const Request& req, Response& re
   }
 
   const auto started = std::chrono::steady_clock::now();
-  const HttpResponse response =
-      context.upstream.Send(parsed.method, req.target, req.body, *headers);
+  const HttpResponse response = context.upstream.Send(parsed.method, req.target, req.body, headers);
   context.metrics.ObserveUpstream(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   const UpstreamAnswer answer = ReadUpstreamAnswer(response);
