@@ -26,12 +26,32 @@ namespace bp = billguard::proxy;
 namespace {
 
 // Every connection is a descriptor: as many as the hard limit allows.
-void RaiseDescriptorLimit() {
+// Returns the limit in force.
+rlim_t RaiseDescriptorLimit() {
   rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return RLIM_INFINITY;
+  if (limit.rlim_cur < limit.rlim_max) {
+    const rlim_t before = limit.rlim_cur;
     limit.rlim_cur = limit.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &limit);
+    if (setrlimit(RLIMIT_NOFILE, &limit) != 0) limit.rlim_cur = before;
   }
+  return limit.rlim_cur;
+}
+
+// Client connections may never take the descriptors the ledger's and
+// Stripe's connections need: clients holding every one would turn each
+// charge into a 503 or a 502.
+std::size_t ConnectionBound(const bp::Options& options, rlim_t descriptors) {
+  const auto wanted = static_cast<std::size_t>(options.max_connections);
+  const rlim_t reserved = 4 * static_cast<rlim_t>(options.database_pool) +
+                          2 * static_cast<rlim_t>(options.threads) + 64;
+  if (descriptors == RLIM_INFINITY || descriptors >= reserved + wanted) return wanted;
+  const std::size_t bound = descriptors > reserved + 16 ? descriptors - reserved : 16;
+  std::fprintf(stderr,
+               "billguard-proxy: serving at most %zu connections, not --max-connections %zu: "
+               "the descriptor limit is %llu\n",
+               bound, wanted, static_cast<unsigned long long>(descriptors));
+  return bound;
 }
 
 // A Stripe secret or restricted key: a vault key upstream would send every
@@ -71,7 +91,6 @@ bp::HttpServerOptions ServerOptions(const bp::Options& options) {
   server.host = options.listen_host;
   server.port = options.listen_port;
   server.worker_threads = static_cast<std::size_t>(options.threads);
-  server.max_connections = static_cast<std::size_t>(options.max_connections);
   server.header_timeout = std::chrono::seconds(options.header_timeout_s);
   server.body_timeout = std::chrono::seconds(options.body_timeout_s);
   server.idle_timeout = std::chrono::seconds(options.idle_timeout_s);
@@ -145,10 +164,10 @@ int main(int argc, char** argv) {
     if (webhooks) bp::RegisterWebhookEndpoint(router, *webhooks, metrics);
     ServeHealthAndMetrics(router, context);
 
-    RaiseDescriptorLimit();
+    bp::HttpServerOptions server_options = ServerOptions(options);
+    server_options.max_connections = ConnectionBound(options, RaiseDescriptorLimit());
     bp::HttpServer server(
-        ServerOptions(options),
-        [&](bp::Request& req, bp::Response& res) { router.Dispatch(req, res); },
+        server_options, [&](bp::Request& req, bp::Response& res) { router.Dispatch(req, res); },
         // What the HTTP layer refuses is bad input too.
         [&](int status) { metrics.CountRequest("rejected", status); });
     const int port = server.port();

@@ -523,6 +523,15 @@ ok(StripeEmulatorHarness::read_response($fourth, 5)->{closed}, '--max-connection
 write_all($three[0], http_text(method => 'GET', path => '/healthz'));
 is(StripeEmulatorHarness::read_response($three[0], 5)->{status}, 200, '... while the three are served');
 close $_ for @three, $fourth;
+# Under a descriptor limit of 300, clients get what the database and Stripe
+# connections leave: 300 - (4 * 8 + 2 * 64 + 64).
+my $stderr = "$PostgreSQL::Test::Utils::tmp_check/limited.log";
+my ($limited, $announced) = ProxyHarness::spawn($stderr, 'sh', '-c', 'ulimit -n 300 && exec "$0" "$@"', $proxy->command(0));
+like($announced // '', qr/^listening on /, 'under a descriptor limit of 300 the proxy starts');
+like(slurp_file($stderr), qr/serving at most 76 connections, not --max-connections 10000: the descriptor limit is 300/,
+	'... saying it serves at most 76 connections, which leave its own descriptors free');
+kill 'TERM', $limited;
+waitpid($limited, 0);
 $bounded->stop;
 
 like((run_command([ ProxyHarness::binary(), '--help' ]))[0], qr/--header-timeout S.*--body-timeout S.*--idle-timeout S/s,
