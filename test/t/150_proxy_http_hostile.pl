@@ -25,7 +25,8 @@
 #   - 1,000 idle and trickling connections held open while /healthz and
 #     charges are timed: they add at most a few milliseconds, the proxy's
 #     thread count does not move, and the trickling ones get 408 at the
-#     header and body deadlines; --max-connections bounds them.
+#     header and body deadlines; --max-connections bounds them, and so
+#     does the descriptor limit, less what the proxy's own connections need.
 use strict;
 use warnings;
 use IO::Compress::Gzip qw(gzip);
