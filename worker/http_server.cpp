@@ -411,11 +411,14 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
     });
   }
 
-  // On the worker: while a request is decided nothing else touches the
-  // socket, so the worker sends the answer itself, as far as the socket
-  // takes it without waiting; the I/O thread writes the rest, if any, and
-  // goes on with the connection. The client has its answer without
-  // waiting for the I/O thread to be scheduled.
+  // On the worker. While a request is decided the connection is the
+  // worker's alone (no read is pending, its deadline is disarmed), so the
+  // worker sends the answer itself, as far as the socket takes it without
+  // waiting, and goes on with the connection: it arms the next read, whose
+  // completion comes back on the strand. Only an answer the socket does
+  // not take at once is left to the I/O thread. The client so waits for no
+  // other thread to be scheduled, and a request costs no wake-up of the
+  // I/O thread but the one its bytes cause.
   void SendFromWorker(const Response& response) {
     out_ = Serialize(response, close_after_answer_, say_keep_alive_, head_);
     std::size_t sent = 0;
@@ -432,14 +435,11 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
         break;
       }
     }
-    asio::post(socket_.get_executor(),
-               [self = shared_from_this(), sent, error] { self->OnSentFromWorker(sent, error); });
-  }
-
-  void OnSentFromWorker(std::size_t sent, int error) {
-    if (phase_ != Phase::kHandling) return;
     if (error != 0) return Close();
-    WriteRest(sent);
+    if (sent == out_.size()) return Answered();
+    asio::post(socket_.get_executor(), [self = shared_from_this(), sent] {
+      if (self->phase_ == Phase::kHandling) self->WriteRest(sent);
+    });
   }
 
   void Refuse(const HttpRefusal& refusal) {
@@ -552,7 +552,9 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
   bool head_ = false;
   std::size_t header_bytes_ = 0;  // of the request being read
   std::string out_;
-  unsigned deadline_generation_ = 0;
+  // Atomic: a deadline's completion may read it on the I/O thread while
+  // the worker that owns the connection arms the next one.
+  std::atomic<unsigned> deadline_generation_{0};
   std::size_t drained_ = 0;
 };
 

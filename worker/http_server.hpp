@@ -2,7 +2,7 @@
 // thread owns every connection: its reads, its parser, its limits
 // (header_rules.hpp) and its deadlines. A complete request that passed
 // them is handed to the worker pool, which runs the handler (the blocking
-// ledger and Stripe calls); the answer is posted back to its connection.
+// ledger and Stripe calls), sends the answer and arms the next read.
 // An idle or trickling connection so costs a socket and a few KiB, never
 // a thread, and never delays anyone else's request.
 //
