@@ -121,14 +121,17 @@ UNIT_LIBS  = -lcurl -lcrypto
 PROXY_BINDIR   ?= /usr/local/bin
 PROGRAM_BINDIR ?= $(PROXY_BINDIR)
 
-# billguard-proxy, the spend-cap proxy (worker/): common/, libpqxx, cpp-httplib
-# and nlohmann-json.
+# billguard-proxy, the spend-cap proxy (worker/): common/, libpqxx,
+# nlohmann-json, and Boost.Beast and Asio (header-only, in http_server.cpp
+# alone). Asio's deprecated interfaces are compiled out, as Boost 1.87 and
+# later removed them: what builds here builds with every Debian's Boost.
 PROXY        = worker/billguard-proxy
 PROXY_SRCS   = $(sort $(wildcard worker/*.cpp))
-PROXY_LIBS   = -lpqxx -lpq -lcpp-httplib -lcurl -lcrypto -pthread
+PROXY_LIBS   = -lpqxx -lpq -lcurl -lcrypto -pthread
+PROXY_CXXFLAGS = $(COMMON_CXXFLAGS) -pthread -DBOOST_ASIO_NO_DEPRECATED
 .build/worker/%.o: worker/%.cpp
 	@mkdir -p $(@D)
-	$(CXX) $(COMMON_CXXFLAGS) -c -o $@ $<
+	$(CXX) $(PROXY_CXXFLAGS) -c -o $@ $<
 $(PROXY): $(PROXY_SRCS:worker/%.cpp=.build/worker/%.o) .build/common/libbillguard_common.a
 	$(CXX) -o $@ $^ $(PROXY_LIBS)
 all: $(PROXY)

@@ -30,7 +30,7 @@ std::string MessageOf(const pqxx::sql_error& e) {
 // the delivery itself is wrong (22xxx: a bad signature, a stale timestamp, a
 // payload that is not an event; P0002: a key no record holds), or this side
 // failed (anything else, e.g. 55000 when no webhook secret is configured).
-void AnswerRefusal(httplib::Response& res, const pqxx::sql_error& e) {
+void AnswerRefusal(Response& res, const pqxx::sql_error& e) {
   const std::string state = e.sqlstate();
   if (state.rfind("22", 0) == 0) {
     AnswerJson(res, 400,
@@ -91,8 +91,8 @@ std::string WebhookInbox::Ingest(const std::string& payload, const std::string& 
   });
 }
 
-void RegisterWebhookEndpoint(httplib::Server& server, WebhookInbox& inbox, Metrics& metrics) {
-  server.Post("/webhooks/stripe", [&](const httplib::Request& req, httplib::Response& res) {
+void RegisterWebhookEndpoint(Router& router, WebhookInbox& inbox, Metrics& metrics) {
+  router.Post("/webhooks/stripe", [&](const Request& req, Response& res) {
     if (!req.has_header("Stripe-Signature")) {
       AnswerJson(res, 400,
                  StripeErrorBody("invalid_request_error", "webhook_rejected",
