@@ -34,7 +34,8 @@ OBJS = \
 	extension/terminal_wakeups.o \
 	extension/await_billing.o \
 	extension/stripe_webhook_signature.o \
-	extension/random_text.o
+	extension/random_text.o \
+	extension/wait_events.o
 
 # Released scripts are frozen in sql/; the install script of the version
 # under development is assembled from sql/install/, one file per concern, in

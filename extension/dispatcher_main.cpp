@@ -8,6 +8,7 @@
 #include "pg_boundary.hpp"
 #include "dispatcher_main.hpp"
 #include "shared_state.hpp"
+#include "wait_events.hpp"
 
 #include "module.hpp"
 
@@ -90,8 +91,9 @@ void WaitWhileReadOnly() {
   CallPostgres([&] { PublishDispatcherStatus(true, kReason, 0, 0); });
   while (!ShutdownRequestPending && DefaultXactReadOnly) {
     CallPostgres([] {
-      const int rc = WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-                               billguard::settings::poll_interval_ms, PG_WAIT_EXTENSION);
+      const int rc =
+          WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+                    billguard::settings::poll_interval_ms, WaitEventOf(WaitFor::kReadOnlyServer));
       if (rc & WL_LATCH_SET) ResetLatch(MyLatch);
       CHECK_FOR_INTERRUPTS();
       if (ConfigReloadPending) {

@@ -14,20 +14,21 @@ DatabasePool::DatabasePool(std::string conninfo, std::size_t size,
                            std::function<void(pqxx::connection&)> prepare)
     : conninfo_(std::move(conninfo)), size_(size), prepare_(std::move(prepare)) {}
 
-DatabasePool::Lease::Lease(DatabasePool& p) : pool(p), connection(p.Acquire()) {}
+DatabasePool::Lease::Lease(DatabasePool& p, Statements s)
+    : pool(p), statements(s), connection(p.Acquire(s)) {}
 
 DatabasePool::Lease::~Lease() {
-  pool.Release(std::move(connection), broken);
+  pool.Release(std::move(connection), broken || statements == Statements::kNone);
 }
 
-std::unique_ptr<pqxx::connection> DatabasePool::Acquire() {
+std::unique_ptr<pqxx::connection> DatabasePool::Acquire(Statements statements) {
   {
     std::unique_lock<std::mutex> lock(mutex_);
     if (!released_.wait_for(lock, kAcquireTimeout, [&] { return leased_ < size_; })) {
       throw DatabaseUnavailable("every database connection is busy");
     }
     ++leased_;
-    if (!idle_.empty()) {
+    if (statements == Statements::kPrepared && !idle_.empty()) {
       auto connection = std::move(idle_.back());
       idle_.pop_back();
       return connection;
@@ -36,7 +37,7 @@ std::unique_ptr<pqxx::connection> DatabasePool::Acquire() {
   // A new connection, opened outside the lock.
   try {
     auto connection = std::make_unique<pqxx::connection>(conninfo_);
-    prepare_(*connection);
+    if (statements == Statements::kPrepared) prepare_(*connection);
     return connection;
   } catch (const std::exception& e) {
     Release(nullptr, true);

@@ -4,7 +4,7 @@
 // a database restart.
 #pragma once
 
-#include <pqxx/pqxx>
+#include "pqxx_compat.hpp"
 
 #include <chrono>
 #include <condition_variable>
@@ -30,11 +30,19 @@ class DatabasePool {
   DatabasePool(std::string conninfo, std::size_t size,
                std::function<void(pqxx::connection&)> prepare);
 
+  // Whether a connection has the prepared statements. The startup diagnosis
+  // runs without: libpqxx 7 prepares when a connection is set up (6.4 at
+  // first use), which fails on a database that lacks what they call, before
+  // the diagnosis could say what is missing.
+  enum class Statements { kPrepared, kNone };
+
   // Runs fn on a connection. Throws DatabaseUnavailable when no connection
-  // can be had or it broke during fn; pqxx::sql_error passes through.
+  // can be had or it broke during fn; pqxx::sql_error passes through. A
+  // connection without statements is opened for fn and closed after it.
   template <typename Fn>
-  auto Run(Fn&& fn) -> decltype(fn(std::declval<pqxx::connection&>())) {
-    Lease lease(*this);
+  auto Run(Fn&& fn, Statements statements = Statements::kPrepared)
+      -> decltype(fn(std::declval<pqxx::connection&>())) {
+    Lease lease(*this, statements);
     try {
       return fn(*lease.connection);
     } catch (const pqxx::broken_connection& e) {
@@ -42,7 +50,7 @@ class DatabasePool {
       throw DatabaseUnavailable(e.what());
     } catch (const pqxx::sql_error& e) {
       // The server ending our session (shutdown, restart) or refusing it.
-      const std::string state = e.sqlstate();
+      const std::string state = pqxx_compat::SqlState(e);
       if (state.rfind("08", 0) == 0 || state.rfind("57P", 0) == 0 || !lease.connection->is_open()) {
         lease.broken = true;
         throw DatabaseUnavailable(e.what());
@@ -53,14 +61,15 @@ class DatabasePool {
 
  private:
   struct Lease {
-    explicit Lease(DatabasePool& pool);
+    Lease(DatabasePool& pool, Statements statements);
     ~Lease();
     DatabasePool& pool;
+    const Statements statements;
     std::unique_ptr<pqxx::connection> connection;
     bool broken = false;
   };
 
-  std::unique_ptr<pqxx::connection> Acquire();
+  std::unique_ptr<pqxx::connection> Acquire(Statements statements);
   void Release(std::unique_ptr<pqxx::connection> connection, bool broken);
 
   const std::string conninfo_;

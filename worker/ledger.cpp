@@ -1,6 +1,7 @@
 // The ledger's SQL calls (see ledger.hpp).
 #include "ledger.hpp"
 
+#include "pqxx_compat.hpp"
 #include "secret_flags.hpp"
 #include "sha256.hpp"
 
@@ -52,7 +53,7 @@ std::string TextArray(const std::vector<std::string>& items) {
   return out + "}";
 }
 
-Row RowOf(const pqxx::row& row) {
+Row RowOf(const pqxx_compat::RowRef& row) {
   Row out;
   for (const auto& field : row) {
     out.emplace_back(field.name(),
@@ -63,10 +64,8 @@ Row RowOf(const pqxx::row& row) {
 
 // SQLSTATE classes the ledger raises for a caller's mistake, as HTTP.
 LedgerError ErrorFor(const pqxx::sql_error& e) {
-  const std::string state = e.sqlstate();
-  std::string message = e.what();
-  if (message.rfind("ERROR:  ", 0) == 0) message = message.substr(8);
-  message = message.substr(0, message.find('\n'));
+  const std::string state = pqxx_compat::SqlState(e);
+  const std::string message = pqxx_compat::ServerMessage(e);
   if (state == "23505") return LedgerError(409, "invalid_request_error", message);
   if (state == "P0002") return LedgerError(404, "invalid_request_error", message);
   // libpqxx 6.4 throws insufficient_privilege without its SQLSTATE.
@@ -105,41 +104,48 @@ void Ledger::CheckSchema() {
       "billguard.revoke_vault_key(text)",
       "billguard.raise_vault_cap(text, numeric)"};
   try {
-    pool_.Run([&](pqxx::connection& connection) {
-      pqxx::nontransaction tx(connection);
-      const auto version = tx.exec1(
-          "SELECT current_database(), current_user, "
-          "(SELECT extversion FROM pg_extension WHERE extname = 'billguard')");
-      const std::string where = "database " + version[0].as<std::string>();
-      if (version[2].is_null()) {
-        throw StartupError(where + " lacks the billguard extension: CREATE EXTENSION billguard");
-      }
-      const std::string role = version[1].as<std::string>();
-      if (!tx.exec1("SELECT has_schema_privilege('billguard', 'USAGE')")[0].as<bool>()) {
-        throw StartupError("role " + role + " may not use schema billguard in " + where +
-                           ": grant what the README's proxy section lists");
-      }
-      for (const char* function : kFunctions) {
-        const auto found = tx.exec_params1(
-            "SELECT p IS NOT NULL, p IS NOT NULL AND has_function_privilege(p, 'EXECUTE') "
-            "FROM to_regprocedure($1) p",
-            function);
-        if (!found[0].as<bool>()) {
-          throw StartupError(where + " has billguard " + version[2].as<std::string>() +
-                             " without the spend-cap ledger: ALTER EXTENSION billguard UPDATE");
-        }
-        if (!found[1].as<bool>()) {
-          throw StartupError("role " + role + " may not call " + function + " in " + where +
-                             ": grant what the README's proxy section lists");
-        }
-      }
-      if (!tx.exec1("SELECT has_table_privilege('billguard.vault_spend', 'SELECT')")[0]
-               .as<bool>()) {
-        throw StartupError("role " + role + " may not read billguard.vault_spend in " + where +
-                           ": grant what the README's proxy section lists");
-      }
-      return 0;
-    });
+    pool_.Run(
+        [&](pqxx::connection& connection) {
+          pqxx::nontransaction tx(connection);
+          const auto version = pqxx_compat::OneRow(
+              tx,
+              "SELECT current_database(), current_user, "
+              "(SELECT extversion FROM pg_extension WHERE extname = 'billguard')");
+          const std::string where = "database " + version[0].as<std::string>();
+          if (version[2].is_null()) {
+            throw StartupError(where +
+                               " lacks the billguard extension: CREATE EXTENSION billguard");
+          }
+          const std::string role = version[1].as<std::string>();
+          if (!pqxx_compat::OneRow(tx, "SELECT has_schema_privilege('billguard', 'USAGE')")[0]
+                   .as<bool>()) {
+            throw StartupError("role " + role + " may not use schema billguard in " + where +
+                               ": grant what the README's proxy section lists");
+          }
+          for (const char* function : kFunctions) {
+            const auto found = pqxx_compat::OneRowWith(
+                tx,
+                "SELECT p IS NOT NULL, p IS NOT NULL AND has_function_privilege(p, 'EXECUTE') "
+                "FROM to_regprocedure($1) p",
+                function);
+            if (!found[0].as<bool>()) {
+              throw StartupError(where + " has billguard " + version[2].as<std::string>() +
+                                 " without the spend-cap ledger: ALTER EXTENSION billguard UPDATE");
+            }
+            if (!found[1].as<bool>()) {
+              throw StartupError("role " + role + " may not call " + function + " in " + where +
+                                 ": grant what the README's proxy section lists");
+            }
+          }
+          if (!pqxx_compat::OneRow(
+                   tx, "SELECT has_table_privilege('billguard.vault_spend', 'SELECT')")[0]
+                   .as<bool>()) {
+            throw StartupError("role " + role + " may not read billguard.vault_spend in " + where +
+                               ": grant what the README's proxy section lists");
+          }
+          return 0;
+        },
+        DatabasePool::Statements::kNone);
   } catch (const DatabaseUnavailable& e) {
     std::string message = e.what();
     message = message.substr(0, message.find('\n'));
@@ -151,9 +157,9 @@ Authorization Ledger::Authorize(const ForwardedRequest& r) {
   return Call([&](pqxx::nontransaction& tx) {
     const std::optional<std::string> amount =
         r.amount_cents ? std::optional<std::string>(std::to_string(*r.amount_cents)) : std::nullopt;
-    const auto row = tx.exec_prepared1("authorize", HexBytea(r.secret_sha256), r.method, r.endpoint,
-                                       OrNull(r.idempotency_key), r.request_digest, OrNull(amount),
-                                       OrNull(r.currency), OrNull(r.customer));
+    const auto row = pqxx_compat::OnePrepared(
+        tx, "authorize", HexBytea(r.secret_sha256), r.method, r.endpoint, OrNull(r.idempotency_key),
+        r.request_digest, OrNull(amount), OrNull(r.currency), OrNull(r.customer));
     Authorization a;
     a.decision = row[0].as<std::string>();
     a.http_status = row[1].is_null() ? 0 : row[1].as<int>();
@@ -167,17 +173,17 @@ Authorization Ledger::Authorize(const ForwardedRequest& r) {
 std::string Ledger::Settle(const std::string& key_id, const std::string& idempotency_key,
                            const UpstreamAnswer& answer) {
   return Call([&](pqxx::nontransaction& tx) {
-    return tx
-        .exec_prepared1("settle", key_id, idempotency_key, answer.status, OrNull(answer.error_type),
-                        OrNull(answer.charge_id), answer.body, OrNull(answer.request_id))[0]
+    return pqxx_compat::OnePrepared(tx, "settle", key_id, idempotency_key, answer.status,
+                                    OrNull(answer.error_type), OrNull(answer.charge_id),
+                                    answer.body, OrNull(answer.request_id))[0]
         .as<std::string>();
   });
 }
 
 NewKey Ledger::IssueKey(const KeyRequest& r) {
   return Call([&](pqxx::nontransaction& tx) {
-    const auto row = tx.exec_prepared1(
-        "issue", r.vendor, r.billing_period, r.period_usd_cap, TextArray(r.allowed_endpoints),
+    const auto row = pqxx_compat::OnePrepared(
+        tx, "issue", r.vendor, r.billing_period, r.period_usd_cap, TextArray(r.allowed_endpoints),
         r.expires_at, r.livemode ? "true" : "false", OrNull(r.issuer_max_period_usd));
     return NewKey{row[0].as<std::string>(), row[1].as<std::string>(), row[2].as<std::string>(),
                   row[3].as<std::string>()};
@@ -186,29 +192,30 @@ NewKey Ledger::IssueKey(const KeyRequest& r) {
 
 std::string Ledger::KeyStatus(const std::string& key_id) {
   return Call([&](pqxx::nontransaction& tx) {
-    return tx.exec_prepared1("status", key_id)[0].as<std::string>();
+    return pqxx_compat::OnePrepared(tx, "status", key_id)[0].as<std::string>();
   });
 }
 
 void Ledger::RevokeKey(const std::string& key_id) {
-  Call([&](pqxx::nontransaction& tx) { return tx.exec_prepared1("revoke", key_id); });
+  Call([&](pqxx::nontransaction& tx) { return pqxx_compat::OnePrepared(tx, "revoke", key_id); });
 }
 
 void Ledger::RaiseCap(const std::string& key_id, const std::string& period_usd_cap) {
-  Call(
-      [&](pqxx::nontransaction& tx) { return tx.exec_prepared1("raise", key_id, period_usd_cap); });
+  Call([&](pqxx::nontransaction& tx) {
+    return pqxx_compat::OnePrepared(tx, "raise", key_id, period_usd_cap);
+  });
 }
 
 std::vector<Row> Ledger::Spend() {
   return Call([&](pqxx::nontransaction& tx) {
     std::vector<Row> rows;
-    for (const auto& row : tx.exec_prepared("spend")) rows.push_back(RowOf(row));
+    for (const auto& row : pqxx_compat::Prepared(tx, "spend")) rows.push_back(RowOf(row));
     return rows;
   });
 }
 
 void Ledger::Ping() {
-  Call([&](pqxx::nontransaction& tx) { return tx.exec1("SELECT 1"); });
+  Call([&](pqxx::nontransaction& tx) { return pqxx_compat::OneRow(tx, "SELECT 1"); });
 }
 
 }  // namespace billguard::proxy
