@@ -1,6 +1,7 @@
 # billguard: PGXS build of the extension, plus the project's commands.
 #   make && make install      build and install into the PostgreSQL of pg_config
-#   make test                 install dependencies, build, run every test suite
+#   make test [PG=17]         install dependencies, build, run every test suite,
+#                             on every supported PostgreSQL major (or one)
 #   make demo                 a throwaway cluster billing a real period end to end
 #   make bench                benchmarks, each printed as a ratio to its baseline
 #   make check-style          the house rules: clang-format, no PostgreSQL in common/
@@ -62,7 +63,7 @@ PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
 ifneq ($(PGXS),)
 include $(PGXS)
 else ifeq ($(filter test demo bench deps check-style,$(MAKECMDGOALS)),)
-$(error pg_config not found: install postgresql-server-dev-15, or run `make deps`)
+$(error pg_config not found: install postgresql-server-dev-NN (15, 17 or 18), or run `make deps`)
 endif
 
 sql/billguard--$(EXTVERSION).sql: $(SQL_PARTS)
@@ -142,8 +143,10 @@ unit: $(UNIT_TESTS)
 check-style:
 	test/check-style.sh
 
+# Every supported PostgreSQL major, 15 here and 17 and 18 in Debian chroots
+# (test/majors/); PG=17 (or PG="15 18") runs those only.
 test:
-	test/run-all.sh
+	test/majors/test.sh $(PG)
 
 demo:
 	demo/run.sh
