@@ -119,9 +119,12 @@ PROGRAM_BINDIR ?= $(PROXY_BINDIR)
 PROXY        = worker/billguard-proxy
 PROXY_SRCS   = $(sort $(wildcard worker/*.cpp))
 PROXY_LIBS   = -lpqxx -lpq -lcpp-httplib -lcurl -lcrypto -pthread
+# libpqxx 8 (Debian forky's) needs C++20; 6.4 and 7 build with C++17.
+PQXX_MAJOR := $(shell sed -n 's/^\#define PQXX_VERSION_MAJOR //p' /usr/include/pqxx/version.hxx 2>/dev/null)
+PROXY_CXXSTD := $(if $(filter-out 6 7,$(PQXX_MAJOR)),-std=c++20,-std=c++17)
 .build/worker/%.o: worker/%.cpp
 	@mkdir -p $(@D)
-	$(CXX) $(COMMON_CXXFLAGS) -c -o $@ $<
+	$(CXX) $(COMMON_CXXFLAGS) $(PROXY_CXXSTD) -c -o $@ $<
 $(PROXY): $(PROXY_SRCS:worker/%.cpp=.build/worker/%.o) .build/common/libbillguard_common.a
 	$(CXX) -o $@ $^ $(PROXY_LIBS)
 all: $(PROXY)

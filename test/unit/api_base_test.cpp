@@ -67,9 +67,11 @@ int main() {
   Refused("http://127.0.0.1:", "as libcurl writes it", "an empty port");
   Refused("http://127.0.0.1:080", "as libcurl writes it", "a port with a leading zero");
   Refused("http://127.0.0.1/a/../b", "as libcurl writes it", "dot segments in the path");
-  Refused("http://127.0.0.1#", "as libcurl writes it", "an empty fragment");
 
   Refused("http://[::1%25lo]", "zone id", "an IPv6 zone id");
+  // The same reason whether libcurl keeps an empty query or fragment or
+  // drops it when it parses (bookworm's drops '#', trixie's both).
+  Refused("http://127.0.0.1#", "query or a fragment", "an empty fragment");
   Refused("http://127.0.0.1?", "query or a fragment", "an empty query");
   Refused("http://127.0.0.1?x=1", "query or a fragment", "a query");
   Refused("https://api.stripe.com#x", "query or a fragment", "a fragment");
