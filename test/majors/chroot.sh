@@ -6,11 +6,13 @@
 #   test/majors/chroot.sh run MAJOR CMD...   run CMD in it as root (the clone at /src, read-only)
 #   test/majors/chroot.sh shell MAJOR        an interactive shell in it
 #   test/majors/chroot.sh path MAJOR         print its directory
+#   test/majors/chroot.sh stamp MAJOR        print the stamp a current chroot has
 #   test/majors/chroot.sh remove MAJOR       delete it
 #
 # A chroot is cached outside the clone, in $BILLGUARD_CHROOT_CACHE
 # (/var/cache/billguard/chroots/<suite>), and reused while its stamp (a hash
-# of this script, test/install-deps.sh, the suite and the mirror) matches;
+# of the functions here that build it, test/install-deps.sh, the suite and
+# the mirror) matches;
 # a missing or stale one is built anew beside it and swapped in only once
 # complete. One older than BILLGUARD_CHROOT_MAX_AGE_DAYS (7) is upgraded in
 # place, so point releases arrive.
@@ -53,8 +55,15 @@ debootstrap_script() {
   [ -e "$s" ] && echo "$s" || echo /usr/share/debootstrap/scripts/sid
 }
 
+# What a chroot is made of: the suite, the mirror, the functions below that
+# build it and the package list. Changes to the rest of this script (how a
+# run mounts, say) keep the cached chroots.
 stamp_of() {
-  { echo "suite=$1 mirror=$mirror"; cat "$here/chroot.sh" "$clone/test/install-deps.sh"; } | sha256sum | cut -d' ' -f1
+  {
+    echo "suite=$1 mirror=$mirror"
+    declare -f debootstrap_script configure_root refresh_from_host build_root
+    cat "$clone/test/install-deps.sh"
+  } | sha256sum | cut -d' ' -f1
 }
 
 # ---- mounts ----------------------------------------------------------------------------
@@ -167,6 +176,10 @@ build_root() {
   local suite=$1 root=$2 new=$2.new
   rm_root "$new"
   log "building the $suite chroot in $new"
+  if ! command -v debootstrap >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null \
+      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null; }
+  fi
   local t0=$SECONDS
   run_waited debootstrap --variant=minbase --components=main --include=ca-certificates,rsync \
     "$suite" "$new" "$mirror" "$(debootstrap_script "$suite")" >"$cache/$suite.debootstrap.log" 2>&1 \
@@ -291,11 +304,12 @@ in_namespace() {
 
 [ "$(id -u)" = 0 ] || die "needs root (debootstrap, mount, chroot)"
 cmd=${1:-}; major=${2:-}
-[ -n "$cmd" ] && [ -n "$major" ] || die "usage: $0 ensure|run|shell|path|remove MAJOR [CMD...]"
+[ -n "$cmd" ] && [ -n "$major" ] || die "usage: $0 ensure|run|shell|path|stamp|remove MAJOR [CMD...]"
 suite=$(suite_of "$major")
 root=$cache/$suite
 case $cmd in
   path) echo "$root" ;;
+  stamp) stamp_of "$suite" ;;
   ensure)
     in_namespace "$@"
     ensure "$major"
