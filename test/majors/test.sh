@@ -13,6 +13,16 @@ host_major=15
 
 results=()
 failed=0
+
+# Runs a major's suite with the time since its start before each "== "
+# heading, so the log tells what each part took.
+timed() {
+  local t0=$SECONDS line
+  "$@" 2>&1 | while IFS= read -r line; do
+    case $line in "== "*) printf '[%4d s] %s\n' $((SECONDS - t0)) "$line" ;; *) printf '%s\n' "$line" ;; esac
+  done
+  return "${PIPESTATUS[0]}"
+}
 summary() {
   echo
   echo "== per major"
@@ -26,7 +36,7 @@ for major in "$@"; do
   status=passed
   if [ "$major" = "$host_major" ]; then
     echo "===== PostgreSQL $major (this machine)"
-    test/run-all.sh || status=FAILED
+    timed test/run-all.sh || status=FAILED
   else
     echo "===== PostgreSQL $major (chroot)"
     if [ $chroot_checked = 0 ]; then
@@ -40,7 +50,7 @@ for major in "$@"; do
       # Its mounts never outlive a run, however the run ends.
       prove $here/mounts.t :: "$major" || status=FAILED
       mkdir -p .build && git ls-files -co --exclude-standard -z >.build/sources.list
-      $here/chroot.sh run "$major" /src/$here/inside.sh || status=FAILED
+      timed $here/chroot.sh run "$major" /src/$here/inside.sh || status=FAILED
     else
       ready=$((SECONDS - c0))
       status="FAILED (no chroot)"
