@@ -9,13 +9,16 @@ suite=${VERSION_CODENAME:-}
 # forky's os-release may name no codename while it is testing.
 [ -z "$suite" ] && grep -q forky /etc/debian_version 2>/dev/null && suite=forky
 case $suite in
-  bookworm) pg=15 boost=libboost1.81-dev style=(clang-format-14) ;;
-  trixie) pg=17 boost=libboost-dev style=() ;;
-  forky) pg=18 boost=libboost-dev style=() ;;
+  bookworm) pg=15 previous=() boost=libboost1.81-dev style=(clang-format-14) ;;
+  trixie) pg=17 previous=(15) boost=libboost-dev style=() ;;
+  forky) pg=18 previous=(17) boost=libboost-dev style=() ;;
   *) echo "install-deps.sh: Debian $suite is not a suite billguard is tested on" >&2; exit 1 ;;
 esac
 packages=(
   "postgresql-$pg" "postgresql-server-dev-$pg" "postgresql-$pg-pgtap" "postgresql-$pg-auto-failover"
+  # The major before, beside it, for pg_upgrade (test/majors/chroot.sh
+  # configures the suite that carries it).
+  "${previous[@]/#/postgresql-}" "${previous[@]/#/postgresql-server-dev-}"
   libtap-parser-sourcehandler-pgtap-perl libipc-run-perl
   libssl-dev libcurl4-openssl-dev libpqxx-dev libcpp-httplib-dev nlohmann-json3-dev
   # Either HTTP library the proxy may be built on.

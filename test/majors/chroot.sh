@@ -48,6 +48,14 @@ suite_of() {
   esac
 }
 
+# The suite that carries the major before a suite's, for pg_upgrade from it.
+previous_suite() {
+  case $1 in
+    trixie) echo bookworm ;;
+    forky) echo trixie ;;
+  esac
+}
+
 # bookworm's debootstrap knows no forky: its sid script bootstraps any
 # suite of the same layout.
 debootstrap_script() {
@@ -60,8 +68,8 @@ debootstrap_script() {
 # run mounts, say) keep the cached chroots.
 stamp_of() {
   {
-    echo "suite=$1 mirror=$mirror"
-    declare -f debootstrap_script configure_root refresh_from_host build_root
+    echo "suite=$1 mirror=$mirror postgres=$(id -u postgres 2>/dev/null):$(id -g postgres 2>/dev/null)"
+    declare -f previous_suite debootstrap_script configure_root refresh_from_host build_root
     cat "$clone/test/install-deps.sh"
   } | sha256sum | cut -d' ' -f1
 }
@@ -159,6 +167,30 @@ Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 $valid
 EOF
+  # The previous major (test/install-deps.sh installs it for pg_upgrade from
+  # it) comes from the previous suite, pinned below this suite's packages so
+  # that nothing this suite carries is taken from there.
+  local previous
+  previous=$(previous_suite "$suite")
+  if [ -n "$previous" ]; then
+    cat >"$root/etc/apt/sources.list.d/previous-major.sources" <<EOF
+Types: deb
+URIs: $mirror
+Suites: $previous
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+EOF
+    printf 'Package: *\nPin: release n=%s\nPin-Priority: 100\n' "$previous" \
+      >"$root/etc/apt/preferences.d/billguard-previous-major"
+  fi
+  # The chroot's postgres has the host's uid and gid: both reserve ports for
+  # PostgreSQL's test harness in one directory, and a reservation file of
+  # another uid cannot be opened (the test dies).
+  if id -u postgres >/dev/null 2>&1; then
+    chroot "$root" groupadd --system -g "$(id -g postgres)" postgres
+    chroot "$root" useradd --system -u "$(id -u postgres)" -g postgres -d /var/lib/postgresql \
+      -s /bin/bash -c "PostgreSQL administrator" postgres
+  fi
   # Its own devpts instance serves /dev/ptmx.
   rm -f "$root/dev/ptmx" && ln -s pts/ptmx "$root/dev/ptmx"
   mkdir -p "$root/src" "$root/build"

@@ -4,6 +4,7 @@
 # the command leaves a process running; and in its private namespace not
 # even on SIGKILL. Runs against the cached chroot of a major:
 #   prove test/majors/mounts.t :: 17
+# It also checks what the chroot shares with the host: its postgres user.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 major=${1:-17}
@@ -39,6 +40,12 @@ is "$(host_mounts)" "" "before: nothing is mounted in the chroot"
 inner=$($chroot_sh run "$major" sh -c 'awk "{print \$5}" /proc/self/mountinfo | grep -E "^/(proc|sys|dev/pts|dev/shm|src|tmp/billguard-ports)$" | sort | tr "\n" " "; touch /src/.probe 2>/dev/null && echo writable || echo read-only')
 is "$inner" "/dev/pts /dev/shm /proc /src /sys /tmp/billguard-ports read-only" "inside: proc, sysfs, devpts, /dev/shm, the clone (read-only), the port reservations"
 is "$(host_mounts)" "" "the host never sees them"
+# They share /tmp/billguard-ports, where a reservation of another uid
+# cannot be opened.
+if id -u postgres >/dev/null 2>&1; then
+  is "$($chroot_sh run "$major" sh -c 'echo $(id -u postgres):$(id -g postgres)')" "$(id -u postgres):$(id -g postgres)" \
+    "inside, postgres has the host's uid and gid"
+fi
 
 $chroot_sh run "$major" sh -c 'exit 7'
 is "$?" 7 "a failing command's exit status is the run's"
