@@ -2,6 +2,7 @@
 // TAP: every spelling that could make libcurl send the key in clear text to a
 // host that is not loopback is refused, with a reason.
 #include <string>
+#include <vector>
 
 #include "api_base.hpp"
 
@@ -15,12 +16,22 @@ void Accepted(const std::string& url, const std::string& why) {
   if (!error.empty()) std::printf("#   refused: %s\n", error.c_str());
 }
 
-void Refused(const std::string& url, const std::string& reason_part, const std::string& why) {
+// Refused, with a reason that contains one of reason_parts: where libcurl
+// versions parse a URL differently, each refuses it for its own reason.
+void Refused(const std::string& url, const std::vector<std::string>& reason_parts,
+             const std::string& why) {
   const std::string error = billguard::ApiBaseError(url);
-  tap::Ok(error.find(reason_part) != std::string::npos, "refused: " + url + " (" + why + ")");
-  if (error.find(reason_part) == std::string::npos)
+  bool found = false;
+  for (const auto& part : reason_parts) found = found || error.find(part) != std::string::npos;
+  tap::Ok(!error.empty() && found, "refused: " + url + " (" + why + ")");
+  if (!found) {
     std::printf("#   reason: '%s', expected it to contain '%s'\n", error.c_str(),
-                reason_part.c_str());
+                reason_parts.front().c_str());
+  }
+}
+
+void Refused(const std::string& url, const std::string& reason_part, const std::string& why) {
+  Refused(url, std::vector<std::string>{reason_part}, why);
 }
 
 }  // namespace
@@ -47,7 +58,10 @@ int main() {
   Refused("http://127.evil.com", "loopback", "a name that starts with 127.");
   Refused("http://127.0.0.1.nip.io", "loopback", "a longer name");
   Refused("http://localhost.", "loopback", "a trailing dot");
-  Refused("http://127.0.0.1.", "loopback", "an IPv4 address with a trailing dot");
+  // Newer libcurl (forky's) drops the dot after an IPv4 address, so that
+  // the URL is not as libcurl writes it.
+  Refused("http://127.0.0.1.", {"loopback", "as libcurl writes it: http://127.0.0.1."},
+          "an IPv4 address with a trailing dot");
   Refused("http://LOCALHOST", "loopback", "localhost in capitals (not certain)");
   Refused("http://[::ffff:127.0.0.1]", "loopback", "an IPv4-mapped IPv6 address");
   Refused("http://10.0.0.1", "loopback", "a private address is still a network");
