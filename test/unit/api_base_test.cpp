@@ -18,8 +18,8 @@ void Accepted(const std::string& url, const std::string& why) {
 
 // Refused, with a reason that contains one of reason_parts: where libcurl
 // versions parse a URL differently, each refuses it for its own reason.
-void Refused(const std::string& url, const std::vector<std::string>& reason_parts,
-             const std::string& why) {
+void RefusedForEither(const std::string& url, const std::vector<std::string>& reason_parts,
+                      const std::string& why) {
   const std::string error = billguard::ApiBaseError(url);
   bool found = false;
   for (const auto& part : reason_parts) found = found || error.find(part) != std::string::npos;
@@ -31,7 +31,7 @@ void Refused(const std::string& url, const std::vector<std::string>& reason_part
 }
 
 void Refused(const std::string& url, const std::string& reason_part, const std::string& why) {
-  Refused(url, std::vector<std::string>{reason_part}, why);
+  RefusedForEither(url, {reason_part}, why);
 }
 
 }  // namespace
@@ -60,8 +60,8 @@ int main() {
   Refused("http://localhost.", "loopback", "a trailing dot");
   // Newer libcurl (forky's) drops the dot after an IPv4 address, so that
   // the URL is not as libcurl writes it.
-  Refused("http://127.0.0.1.", {"loopback", "as libcurl writes it: http://127.0.0.1."},
-          "an IPv4 address with a trailing dot");
+  RefusedForEither("http://127.0.0.1.", {"loopback", "as libcurl writes it: http://127.0.0.1."},
+                   "an IPv4 address with a trailing dot");
   Refused("http://LOCALHOST", "loopback", "localhost in capitals (not certain)");
   Refused("http://[::ffff:127.0.0.1]", "loopback", "an IPv4-mapped IPv6 address");
   Refused("http://10.0.0.1", "loopback", "a private address is still a network");
