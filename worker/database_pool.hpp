@@ -59,6 +59,12 @@ class DatabasePool {
     }
   }
 
+  // Run without the prepared statements, on a connection opened for fn.
+  template <typename Fn>
+  auto RunUnprepared(Fn&& fn) -> decltype(fn(std::declval<pqxx::connection&>())) {
+    return Run(std::forward<Fn>(fn), Statements::kNone);
+  }
+
  private:
   struct Lease {
     Lease(DatabasePool& pool, Statements statements);

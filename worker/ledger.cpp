@@ -104,48 +104,45 @@ void Ledger::CheckSchema() {
       "billguard.revoke_vault_key(text)",
       "billguard.raise_vault_cap(text, numeric)"};
   try {
-    pool_.Run(
-        [&](pqxx::connection& connection) {
-          pqxx::nontransaction tx(connection);
-          const auto version = pqxx_compat::OneRow(
-              tx,
-              "SELECT current_database(), current_user, "
-              "(SELECT extversion FROM pg_extension WHERE extname = 'billguard')");
-          const std::string where = "database " + version[0].as<std::string>();
-          if (version[2].is_null()) {
-            throw StartupError(where +
-                               " lacks the billguard extension: CREATE EXTENSION billguard");
-          }
-          const std::string role = version[1].as<std::string>();
-          if (!pqxx_compat::OneRow(tx, "SELECT has_schema_privilege('billguard', 'USAGE')")[0]
-                   .as<bool>()) {
-            throw StartupError("role " + role + " may not use schema billguard in " + where +
-                               ": grant what the README's proxy section lists");
-          }
-          for (const char* function : kFunctions) {
-            const auto found = pqxx_compat::OneRowWith(
-                tx,
-                "SELECT p IS NOT NULL, p IS NOT NULL AND has_function_privilege(p, 'EXECUTE') "
-                "FROM to_regprocedure($1) p",
-                function);
-            if (!found[0].as<bool>()) {
-              throw StartupError(where + " has billguard " + version[2].as<std::string>() +
-                                 " without the spend-cap ledger: ALTER EXTENSION billguard UPDATE");
-            }
-            if (!found[1].as<bool>()) {
-              throw StartupError("role " + role + " may not call " + function + " in " + where +
-                                 ": grant what the README's proxy section lists");
-            }
-          }
-          if (!pqxx_compat::OneRow(
-                   tx, "SELECT has_table_privilege('billguard.vault_spend', 'SELECT')")[0]
-                   .as<bool>()) {
-            throw StartupError("role " + role + " may not read billguard.vault_spend in " + where +
-                               ": grant what the README's proxy section lists");
-          }
-          return 0;
-        },
-        DatabasePool::Statements::kNone);
+    pool_.RunUnprepared([&](pqxx::connection& connection) {
+      pqxx::nontransaction tx(connection);
+      const auto version =
+          pqxx_compat::OneRow(tx,
+                              "SELECT current_database(), current_user, "
+                              "(SELECT extversion FROM pg_extension WHERE extname = 'billguard')");
+      const std::string where = "database " + version[0].as<std::string>();
+      if (version[2].is_null()) {
+        throw StartupError(where + " lacks the billguard extension: CREATE EXTENSION billguard");
+      }
+      const std::string role = version[1].as<std::string>();
+      if (!pqxx_compat::OneRow(tx, "SELECT has_schema_privilege('billguard', 'USAGE')")[0]
+               .as<bool>()) {
+        throw StartupError("role " + role + " may not use schema billguard in " + where +
+                           ": grant what the README's proxy section lists");
+      }
+      for (const char* function : kFunctions) {
+        const auto found = pqxx_compat::OneRowWith(
+            tx,
+            "SELECT p IS NOT NULL, p IS NOT NULL AND has_function_privilege(p, 'EXECUTE') "
+            "FROM to_regprocedure($1) p",
+            function);
+        if (!found[0].as<bool>()) {
+          throw StartupError(where + " has billguard " + version[2].as<std::string>() +
+                             " without the spend-cap ledger: ALTER EXTENSION billguard UPDATE");
+        }
+        if (!found[1].as<bool>()) {
+          throw StartupError("role " + role + " may not call " + function + " in " + where +
+                             ": grant what the README's proxy section lists");
+        }
+      }
+      if (!pqxx_compat::OneRow(tx,
+                               "SELECT has_table_privilege('billguard.vault_spend', 'SELECT')")[0]
+               .as<bool>()) {
+        throw StartupError("role " + role + " may not read billguard.vault_spend in " + where +
+                           ": grant what the README's proxy section lists");
+      }
+      return 0;
+    });
   } catch (const DatabaseUnavailable& e) {
     std::string message = e.what();
     message = message.substr(0, message.find('\n'));

@@ -51,27 +51,25 @@ WebhookInbox::WebhookInbox(const std::string& conninfo, std::size_t pool_size)
 
 void WebhookInbox::CheckSchema() {
   try {
-    pool_.Run(
-        [&](pqxx::connection& connection) {
-          pqxx::nontransaction tx(connection);
-          const auto found = pqxx_compat::OneRowWith(
-              tx,
-              "SELECT current_database(), current_user, to_regprocedure($1) IS NOT NULL, "
-              "coalesce(has_function_privilege(to_regprocedure($1), 'EXECUTE'), false)",
-              kIngest);
-          const std::string where = "--webhook-database " + found[0].as<std::string>();
-          if (!found[2].as<bool>()) {
-            throw StartupError(where + " has no " + kIngest +
-                               ": CREATE EXTENSION billguard (0.2.0 or later), or ALTER EXTENSION "
-                               "billguard UPDATE");
-          }
-          if (!found[3].as<bool>()) {
-            throw StartupError("role " + found[1].as<std::string>() + " may not call " + kIngest +
-                               " in " + where + ": grant what the README's Privileges list");
-          }
-          return 0;
-        },
-        DatabasePool::Statements::kNone);
+    pool_.RunUnprepared([&](pqxx::connection& connection) {
+      pqxx::nontransaction tx(connection);
+      const auto found = pqxx_compat::OneRowWith(
+          tx,
+          "SELECT current_database(), current_user, to_regprocedure($1) IS NOT NULL, "
+          "coalesce(has_function_privilege(to_regprocedure($1), 'EXECUTE'), false)",
+          kIngest);
+      const std::string where = "--webhook-database " + found[0].as<std::string>();
+      if (!found[2].as<bool>()) {
+        throw StartupError(where + " has no " + kIngest +
+                           ": CREATE EXTENSION billguard (0.2.0 or later), or ALTER EXTENSION "
+                           "billguard UPDATE");
+      }
+      if (!found[3].as<bool>()) {
+        throw StartupError("role " + found[1].as<std::string>() + " may not call " + kIngest +
+                           " in " + where + ": grant what the README's Privileges list");
+      }
+      return 0;
+    });
   } catch (const DatabaseUnavailable& e) {
     std::string message = e.what();
     throw StartupError("cannot reach the --webhook-database: " +
