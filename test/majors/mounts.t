@@ -67,8 +67,11 @@ done
 $chroot_sh run "$major" sleep 300 &
 pid=$!
 until_inside
+# (bash's notice of the killed job goes to its own stderr)
+exec 3>&2 2>/dev/null
 kill -KILL $pid
-wait $pid 2>/dev/null
+wait $pid
+exec 2>&3 3>&-
 is "$(host_mounts)" "" "SIGKILL: the mounts were never the host's, so none is left on it"
 left=$(inside)
 [ -n "$left" ] && kill -KILL $left
