@@ -32,9 +32,10 @@ cleanup() {
 trap cleanup EXIT
 cd "$w"
 cluster() {
-  as_postgres "$1/initdb" -D "$w/$2" -U postgres -A trust -E UTF8 --no-locale >/dev/null
+  local bin=$1 dir=$2; shift 2
+  as_postgres "$bin/initdb" -D "$w/$dir" -U postgres -A trust -E UTF8 --no-locale "$@" >/dev/null
   printf "port = %s\nlisten_addresses = ''\nunix_socket_directories = '%s'\nshared_preload_libraries = 'billguard'\nfsync = off\n" \
-    "$port" "$w" >>"$w/$2/postgresql.conf"
+    "$port" "$w" >>"$w/$dir/postgresql.conf"
 }
 psql() { command psql -X -qAt -h "$w" -p "$port" -U postgres -d postgres "$@"; }
 records() {
@@ -52,11 +53,17 @@ records >"$w/before"
 echo "PostgreSQL $old: $(psql -c "SELECT string_agg(status || ' ' || n, ', ') FROM (SELECT status, count(*) n FROM billguard.billing_records GROUP BY 1) s"), $(psql -c 'SELECT count(*) FROM billguard.journal') journal events"
 as_postgres $oldbin/pg_ctl -D "$w/old" -w stop >/dev/null
 
-cluster $newbin new
+# pg_upgrade needs both clusters with data checksums or both without, and
+# 18's initdb turns them on unless told not to.
+checksums=()
+if [ "$new" -ge 18 ] && as_postgres $oldbin/pg_controldata "$w/old" | grep -q '^Data page checksum version: *0$'; then
+  checksums=(--no-data-checksums)
+fi
+cluster $newbin new "${checksums[@]}"
 flags=(); [ "$mode" = link ] && flags=(--link)
 t0=$SECONDS
 as_postgres $newbin/pg_upgrade -b $oldbin -B $newbin -d "$w/old" -D "$w/new" -p "$port" -P "$port" "${flags[@]}" >"$w/pg_upgrade.out" 2>&1 \
-  || { tail -30 "$w/pg_upgrade.out"; exit 1; }
+  || { tail -30 "$w/pg_upgrade.out"; grep -h -B2 -A8 "ERROR" "$w"/new/pg_upgrade_output.d/*/log/*.log | head -60; exit 1; }
 echo "pg_upgrade $old -> $new ($mode): $((SECONDS - t0)) s"
 as_postgres $newbin/pg_ctl -D "$w/new" -l "$w/new.log" -w start >/dev/null
 records >"$w/after"
