@@ -41,7 +41,10 @@ for major in "$@"; do
     echo "===== PostgreSQL $major (chroot)"
     if [ $chroot_checked = 0 ]; then
       # The house rules are checked once, on the host's pinned clang-format.
-      case " $* " in *" $host_major "*) ;; *) test/check-style.sh || failed=1 ;; esac
+      case " $* " in
+        *" $host_major "*) ;;
+        *) test/check-style.sh || { failed=1; results+=("house rules: FAILED"); } ;;
+      esac
       chroot_checked=1
     fi
     c0=$SECONDS
