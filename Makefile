@@ -1,6 +1,7 @@
 # billguard: PGXS build of the extension, plus the project's commands.
 #   make && make install      build and install into the PostgreSQL of pg_config
-#   make test                 install dependencies, build, run every test suite
+#   make test [PG=17]         install dependencies, build, run every test suite,
+#                             on every supported PostgreSQL major (or one)
 #   make demo                 a throwaway cluster billing a real period end to end
 #   make bench                benchmarks, each printed as a ratio to its baseline
 #   make check-style          the house rules: clang-format, no PostgreSQL in common/
@@ -39,7 +40,8 @@ OBJS = \
 	extension/terminal_wakeups.o \
 	extension/await_billing.o \
 	extension/stripe_webhook_signature.o \
-	extension/random_text.o
+	extension/random_text.o \
+	extension/wait_events.o
 
 # Released scripts are frozen in sql/; the install script of the version
 # under development is assembled from sql/install/, one file per concern, in
@@ -66,7 +68,7 @@ PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
 ifneq ($(PGXS),)
 include $(PGXS)
 else ifeq ($(filter test demo bench deps check-style,$(MAKECMDGOALS)),)
-$(error pg_config not found: install postgresql-server-dev-15, or run `make deps`)
+$(error pg_config not found: install postgresql-server-dev-NN (15, 17 or 18), or run `make deps`)
 endif
 
 sql/billguard--$(EXTVERSION).sql: $(SQL_PARTS)
@@ -128,7 +130,10 @@ PROGRAM_BINDIR ?= $(PROXY_BINDIR)
 PROXY        = worker/billguard-proxy
 PROXY_SRCS   = $(sort $(wildcard worker/*.cpp))
 PROXY_LIBS   = -lpqxx -lpq -lcurl -lcrypto -pthread
-PROXY_CXXFLAGS = $(COMMON_CXXFLAGS) -pthread -DBOOST_ASIO_NO_DEPRECATED
+# libpqxx 8 (Debian forky's) needs C++20; 6.4 and 7 build with C++17.
+PQXX_MAJOR := $(shell sed -n 's/^\#define PQXX_VERSION_MAJOR //p' /usr/include/pqxx/version.hxx 2>/dev/null)
+PROXY_CXXSTD := $(if $(filter-out 6 7,$(PQXX_MAJOR)),-std=c++20,-std=c++17)
+PROXY_CXXFLAGS = $(COMMON_CXXFLAGS) $(PROXY_CXXSTD) -pthread -DBOOST_ASIO_NO_DEPRECATED
 .build/worker/%.o: worker/%.cpp
 	@mkdir -p $(@D)
 	$(CXX) $(PROXY_CXXFLAGS) -c -o $@ $<
@@ -153,8 +158,10 @@ unit: $(UNIT_TESTS)
 check-style:
 	test/check-style.sh
 
+# Every supported PostgreSQL major, 15 here and 17 and 18 in Debian chroots
+# (test/majors/); PG=17 (or PG="15 18") runs those only.
 test:
-	test/run-all.sh
+	test/majors/test.sh $(PG)
 
 demo:
 	demo/run.sh
