@@ -13,8 +13,11 @@ extern "C" {
 #if PG_VERSION_NUM >= 160000
 #include "varatt.h"
 #endif
+#include "catalog/pg_database.h"
 #include "common/jsonapi.h"
+#include "utils/acl.h"
 #include "utils/datetime.h"
+#include "utils/guc_tables.h"
 #include "utils/wait_event.h"
 }
 
@@ -39,6 +42,27 @@ inline int DecodeDateTime(char** fields, int* types, int count, int* kind, pg_tm
   return ::DecodeDateTime(fields, types, count, kind, tm, fraction, zone, &extra);
 #else
   return ::DecodeDateTime(fields, types, count, kind, tm, fraction, zone);
+#endif
+}
+
+// 16: one ownership check for every catalog (object_ownercheck) replaced
+// pg_database_ownercheck and its siblings.
+inline bool OwnsDatabase(Oid database, Oid role) {
+#if PG_VERSION_NUM >= 160000
+  return object_ownercheck(DatabaseRelationId, database, role);
+#else
+  return pg_database_ownercheck(database, role);
+#endif
+}
+
+// 16: get_guc_variables returns the count through its argument, and
+// GetNumConfigOptions is gone.
+inline config_generic** GucVariables(int* count) {
+#if PG_VERSION_NUM >= 160000
+  return get_guc_variables(count);
+#else
+  *count = GetNumConfigOptions();
+  return get_guc_variables();
 #endif
 }
 

@@ -9,10 +9,8 @@ namespace {
 
 // Shown by pg_stat_activity.wait_event; documented in README.md.
 constexpr const char* kNames[] = {
-    "BillguardLauncherIdle",
-    "BillguardDispatcherIdle",
-    "BillguardReadOnlyServer",
-    "BillguardTerminalCommit",
+    "BillguardLauncherIdle",   "BillguardDispatcherIdle", "BillguardReadOnlyServer",
+    "BillguardTerminalCommit", "BillguardDispatcherExit", "BillguardProbeSlot",
 };
 constexpr int kWaits = sizeof(kNames) / sizeof(kNames[0]);
 

@@ -14,6 +14,8 @@ enum class WaitFor {
   kDispatcherIdle,  // a dispatcher, until work is due, an answer arrives or a commit wakes it
   kReadOnlyServer,  // a dispatcher on a read-only server, until it is writable
   kTerminalCommit,  // await_billing(), until the record's terminal status commits
+  kDispatcherExit,  // DROP, RENAME or a template copy of a database, until its dispatcher left
+  kProbeSlot,       // DROP DATABASE, until a worker slot is free for its history probe
 };
 
 // The wait event to pass to WaitLatch or ConditionVariableTimedSleep. May
