@@ -52,7 +52,16 @@ if [ -n "${SKIP_PG_REGRESS:-}" ]; then
   skipped="PostgreSQL's regression suite (SKIP_PG_REGRESS)"
 else
   prove test/pg_regress_peer/ || failed=1 # the judge fails on what it must
-  test/pg_regress_peer/run.sh "$work/pg_regress_peer" || failed=1
+  peer=0
+  test/pg_regress_peer/run.sh "$work/pg_regress_peer" || peer=$?
+  # 3: the archive serves no source of this major's server to take the
+  # suite from; said, never silent.
+  if [ $peer -eq 3 ]; then
+    echo "SKIPPED: the Debian archive serves no source of postgresql-$(pg_config --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')"
+    skipped="PostgreSQL's regression suite (no source package served)"
+  elif [ $peer -ne 0 ]; then
+    failed=1
+  fi
 fi
 
 echo "== the official Stripe client for the proxy's scenarios (npm ci)"

@@ -20,7 +20,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 work=${1:?usage: $0 WORKDIR}
 mkdir -p "$work"
 
-suite=$("$here/fetch-suite.sh")
+# Its exit 3 (no source served) passes through: the caller skips the suite.
+suite=$("$here/fetch-suite.sh") || exit $?
 bindir=$(pg_config --bindir)
 pg_regress=$(dirname "$(pg_config --pgxs)")/../../src/test/regress/pg_regress
 echo "suite: src/test/regress of the Debian source $(cat "$suite/SOURCE"), for the server" \
