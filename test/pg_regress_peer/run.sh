@@ -84,10 +84,23 @@ run_server() {
     tail -20 "$dir/pg_regress.log"
     return 1
   fi
-  echo "$name: $(grep -cE ' \.\.\. ' "$dir/regression.out" || true) tests in $((SECONDS - started)) s;" \
-    "differing from the expected files (information only):" \
-    "$(grep -oE '^(test| +) [A-Za-z0-9_.]+ +\.\.\. FAILED' "$dir/regression.out" |
-      awk '{print $(NF-2)}' | paste -sd' ' || true)"
+  echo "$name: $(tests_run "$dir") tests in $((SECONDS - started)) s;" \
+    "differing from the expected files (information only): $(tests_differing "$dir")"
+}
+
+# pg_regress's account of a run: regression.out up to 15; from 16 on, TAP
+# on its output (pg_regress.log here), "ok N - name" or "not ok N + name".
+tests_run() {
+  if [ -f "$1/regression.out" ]; then grep -cE ' \.\.\. ' "$1/regression.out" || true
+  else grep -cE '^(not )?ok [0-9]+ ' "$1/pg_regress.log" || true
+  fi
+}
+tests_differing() {
+  if [ -f "$1/regression.out" ]; then
+    grep -oE '^(test| +) [A-Za-z0-9_.]+ +\.\.\. FAILED' "$1/regression.out" | awk '{print $(NF-2)}' | paste -sd' ' || true
+  else
+    grep -E '^not ok [0-9]+ ' "$1/pg_regress.log" | awk '{print $5}' | paste -sd' ' || true
+  fi
 }
 
 # A crash (a signal, PANIC, an assertion) in a server's log fails the run,
