@@ -88,15 +88,17 @@ run_server() {
     "differing from the expected files (information only): $(tests_differing "$dir")"
 }
 
-# pg_regress's account of a run: regression.out up to 15; from 16 on, TAP
-# on its output (pg_regress.log here), "ok N - name" or "not ok N + name".
+# pg_regress's account of a run: "test name ... ok" lines in regression.out
+# up to 15; from 16 on, TAP on its output (pg_regress.log here), "ok N -
+# name" or "not ok N + name" (and a regression.out only when a test failed).
+old_format() { grep -qE ' \.\.\. ' "$1/regression.out" 2>/dev/null; }
 tests_run() {
-  if [ -f "$1/regression.out" ]; then grep -cE ' \.\.\. ' "$1/regression.out" || true
+  if old_format "$1"; then grep -cE ' \.\.\. ' "$1/regression.out" || true
   else grep -cE '^(not )?ok [0-9]+ ' "$1/pg_regress.log" || true
   fi
 }
 tests_differing() {
-  if [ -f "$1/regression.out" ]; then
+  if old_format "$1"; then
     grep -oE '^(test| +) [A-Za-z0-9_.]+ +\.\.\. FAILED' "$1/regression.out" | awk '{print $(NF-2)}' | paste -sd' ' || true
   else
     grep -E '^not ok [0-9]+ ' "$1/pg_regress.log" | awk '{print $5}' | paste -sd' ' || true
