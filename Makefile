@@ -1,6 +1,7 @@
 # billguard: PGXS build of the extension, plus the project's commands.
 #   make && make install      build and install into the PostgreSQL of pg_config
-#   make test                 install dependencies, build, run every test suite
+#   make test [PG=17]         install dependencies, build, run every test suite,
+#                             on every supported PostgreSQL major (or one)
 #   make demo                 a throwaway cluster billing a real period end to end
 #   make bench                benchmarks, each printed as a ratio to its baseline
 #   make check-style          the house rules: clang-format, no PostgreSQL in common/
@@ -40,7 +41,8 @@ OBJS = \
 	extension/terminal_wakeups.o \
 	extension/await_billing.o \
 	extension/stripe_webhook_signature.o \
-	extension/random_text.o
+	extension/random_text.o \
+	extension/wait_events.o
 
 # SQL: each function and view is written once per version that changed it,
 # sql/udfs/<name>/<version>.sql (sql/views/<name>/ for a view) as that
@@ -77,7 +79,7 @@ PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
 ifneq ($(PGXS),)
 include $(PGXS)
 else ifeq ($(filter test demo bench deps check-style check-sql,$(MAKECMDGOALS)),)
-$(error pg_config not found: install postgresql-server-dev-15, or run `make deps`)
+$(error pg_config not found: install postgresql-server-dev-NN (15, 17 or 18), or run `make deps`)
 endif
 
 sql/billguard--$(EXTVERSION).sql: $(SQL_PARTS) $(SQL_OBJECTS) sql/assemble.pl
@@ -142,14 +144,20 @@ UNIT_LIBS  = -lcurl -lcrypto
 PROXY_BINDIR   ?= /usr/local/bin
 PROGRAM_BINDIR ?= $(PROXY_BINDIR)
 
-# billguard-proxy, the spend-cap proxy (worker/): common/, libpqxx, cpp-httplib
-# and nlohmann-json.
+# billguard-proxy, the spend-cap proxy (worker/): common/, libpqxx,
+# nlohmann-json, and Boost.Beast and Asio (header-only, in http_server.cpp
+# alone). Asio's deprecated interfaces are compiled out, as Boost 1.87 and
+# later removed them: what builds here builds with every Debian's Boost.
 PROXY        = worker/billguard-proxy
 PROXY_SRCS   = $(sort $(wildcard worker/*.cpp))
-PROXY_LIBS   = -lpqxx -lpq -lcpp-httplib -lcurl -lcrypto -pthread
+PROXY_LIBS   = -lpqxx -lpq -lcurl -lcrypto -pthread
+# libpqxx 8 (Debian forky's) needs C++20; 6.4 and 7 build with C++17.
+PQXX_MAJOR := $(shell sed -n 's/^\#define PQXX_VERSION_MAJOR //p' /usr/include/pqxx/version.hxx 2>/dev/null)
+PROXY_CXXSTD := $(if $(filter-out 6 7,$(PQXX_MAJOR)),-std=c++20,-std=c++17)
+PROXY_CXXFLAGS = $(COMMON_CXXFLAGS) $(PROXY_CXXSTD) -pthread -DBOOST_ASIO_NO_DEPRECATED
 .build/worker/%.o: worker/%.cpp
 	@mkdir -p $(@D)
-	$(CXX) $(COMMON_CXXFLAGS) -c -o $@ $<
+	$(CXX) $(PROXY_CXXFLAGS) -c -o $@ $<
 $(PROXY): $(PROXY_SRCS:worker/%.cpp=.build/worker/%.o) .build/common/libbillguard_common.a
 	$(CXX) -o $@ $^ $(PROXY_LIBS)
 all: $(PROXY)
@@ -174,8 +182,10 @@ check-style:
 check-sql:
 	test/check-sql.pl
 
+# Every supported PostgreSQL major, 15 here and 17 and 18 in Debian chroots
+# (test/majors/); PG=17 (or PG="15 18") runs those only.
 test:
-	test/run-all.sh
+	test/majors/test.sh $(PG)
 
 demo:
 	demo/run.sh

@@ -5,7 +5,9 @@
 #include <csignal>
 
 #include "history_probe.hpp"
+#include "pg_compat.hpp"
 #include "shared_state.hpp"
+#include "wait_events.hpp"
 
 extern "C" {
 #include "access/htup_details.h"
@@ -95,7 +97,7 @@ Target TargetOf(Node* statement) {
   if (!OidIsValid(database) || database == MyDatabaseId) return target;
   // As PostgreSQL checks: the owner; for a copy, CREATEDB and the owner
   // or a template.
-  const bool owner = pg_database_ownercheck(database, GetUserId());
+  const bool owner = compat::OwnsDatabase(database, GetUserId());
   if (owner_needed ? !owner
                    : !have_createdb_privilege() || (!owner && !FactsOf(database).is_template)) {
     return target;
@@ -113,7 +115,7 @@ void StopDispatcherOf(Oid database) {
   if (kill(pid, SIGTERM) != 0) return;
   for (int waited = 0; waited < kStopWaitMs && BackendPidGetProc(pid) != nullptr; waited += 10) {
     (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, 10,
-                    PG_WAIT_EXTENSION);
+                    WaitEventOf(WaitFor::kDispatcherExit));
     ResetLatch(MyLatch);
     CHECK_FOR_INTERRUPTS();
   }

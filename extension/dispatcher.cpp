@@ -28,6 +28,7 @@
 #include "scheduler.hpp"
 #include "shared_state.hpp"
 #include "vault_credentials.hpp"
+#include "wait_events.hpp"
 
 extern "C" {
 #include "miscadmin.h"
@@ -667,7 +668,7 @@ class Dispatcher {
   bool WaitLatchFor(long timeout_ms) {
     return CallPostgres([&] {
       int rc = WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, timeout_ms,
-                         PG_WAIT_EXTENSION);
+                         WaitEventOf(WaitFor::kDispatcherIdle));
       bool woken = (rc & WL_LATCH_SET) != 0;
       if (woken) ResetLatch(MyLatch);
       CHECK_FOR_INTERRUPTS();

@@ -10,6 +10,7 @@
 #include "dispatcher_main.hpp"
 #include "dispatcher_settings.hpp"
 #include "shared_state.hpp"
+#include "wait_events.hpp"
 
 #include "module.hpp"
 
@@ -104,8 +105,9 @@ void WaitWhileReadOnly() {
   CallPostgres([&] { PublishDispatcherStatus(status); });
   while (!ShutdownRequestPending && !reason.empty()) {
     CallPostgres([] {
-      const int rc = WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-                               billguard::settings::poll_interval_ms, PG_WAIT_EXTENSION);
+      const int rc =
+          WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+                    billguard::settings::poll_interval_ms, WaitEventOf(WaitFor::kReadOnlyServer));
       if (rc & WL_LATCH_SET) ResetLatch(MyLatch);
       CHECK_FOR_INTERRUPTS();
     });

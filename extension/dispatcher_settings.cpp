@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "pg_boundary.hpp"
+#include "pg_compat.hpp"
 #include "spi_transaction.hpp"
 
 extern "C" {
@@ -133,8 +134,9 @@ void TakeServerValues(const std::map<std::string, std::string>& file) {
       value = found->second;
     } else {
       config_generic* setting = nullptr;
-      config_generic** all = get_guc_variables();
-      for (int i = 0; i < GetNumConfigOptions() && setting == nullptr; ++i) {
+      int count = 0;
+      config_generic** all = compat::GucVariables(&count);
+      for (int i = 0; i < count && setting == nullptr; ++i) {
         if (strcmp(all[i]->name, name.c_str()) == 0) setting = all[i];
       }
       if (setting == nullptr) continue;
@@ -154,8 +156,8 @@ void TakeDispatcherSettings(bool log) {
     std::string value;
   };
   std::vector<Ignored> ignored;
-  config_generic** all = get_guc_variables();
-  const int count = GetNumConfigOptions();
+  int count = 0;
+  config_generic** all = compat::GucVariables(&count);
   for (int i = 0; i < count; ++i) {
     config_generic& setting = *all[i];
     if (!SetForDatabaseOrRole(setting)) continue;

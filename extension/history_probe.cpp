@@ -8,6 +8,7 @@
 #include "history_probe.hpp"
 #include "shared_state.hpp"
 #include "spi_transaction.hpp"
+#include "wait_events.hpp"
 
 extern "C" {
 #include "miscadmin.h"
@@ -71,7 +72,7 @@ void ProbeHistory(Oid database, const char* name, bool* has_history, int64* bill
            errhint("Retry, or raise max_worker_processes.")));
     }
     (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, 100,
-                    PG_WAIT_EXTENSION);
+                    WaitEventOf(WaitFor::kProbeSlot));
     ResetLatch(MyLatch);
     CHECK_FOR_INTERRUPTS();
   }

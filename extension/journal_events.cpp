@@ -2,6 +2,7 @@
 // their cost is paid a million times by a large bill_period. Building the
 // jsonb directly avoids jsonb_build_object's per-call type lookups.
 #include "pg_boundary.hpp"
+#include "pg_compat.hpp"
 
 extern "C" {
 #include "catalog/pg_type_d.h"
@@ -90,8 +91,8 @@ namespace {
 
 Datum IsJson(FunctionCallInfo fcinfo) {
   text* body = PG_GETARG_TEXT_PP(0);
-  JsonLexContext* lex = makeJsonLexContextCstringLen(VARDATA_ANY(body), VARSIZE_ANY_EXHDR(body),
-                                                     GetDatabaseEncoding(), true);
+  JsonLexContext* lex = billguard::compat::MakeJsonLexContext(
+      VARDATA_ANY(body), VARSIZE_ANY_EXHDR(body), GetDatabaseEncoding(), true);
   PG_RETURN_BOOL(pg_parse_json(lex, &nullSemAction) == JSON_SUCCESS);
 }
 

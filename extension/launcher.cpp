@@ -20,6 +20,7 @@
 #include "module.hpp"
 #include "served_databases.hpp"
 #include "shared_state.hpp"
+#include "wait_events.hpp"
 
 extern "C" {
 #include "miscadmin.h"
@@ -208,7 +209,7 @@ class Launcher {
     const long timeout_ms = std::max<long>(0, TimestampDifferenceMilliseconds(now, until));
     CallPostgres([timeout_ms] {
       const int rc = WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, timeout_ms,
-                               PG_WAIT_EXTENSION);
+                               WaitEventOf(WaitFor::kLauncherIdle));
       if (rc & WL_LATCH_SET) ResetLatch(MyLatch);
       CHECK_FOR_INTERRUPTS();
     });

@@ -8,6 +8,7 @@
 #include "history_guard.hpp"
 #include "launcher.hpp"
 #include "module.hpp"
+#include "pg_compat.hpp"
 #include "shared_state.hpp"
 #include "terminal_wakeups.hpp"
 
@@ -18,7 +19,7 @@ extern "C" {
 #include "utils/datetime.h"
 #include "utils/guc.h"
 
-PG_MODULE_MAGIC;
+BILLGUARD_MODULE_MAGIC;
 void _PG_init(void);
 }
 
@@ -187,8 +188,8 @@ bool CheckSchedulerNow(char** newval, void** /*extra*/, GucSource /*source*/) {
   const bool valid =
       value[0] >= '0' && value[0] <= '9' && strlen(value) < MAXDATELEN &&
       ParseDateTime(value, buffer, sizeof(buffer), fields, types, MAXDATEFIELDS, &count) == 0 &&
-      DecodeDateTime(fields, types, count, &kind, &tm, &fraction, &zone) == 0 && kind == DTK_DATE &&
-      tm2timestamp(&tm, fraction, &zone, &instant) == 0;
+      billguard::compat::DecodeDateTime(fields, types, count, &kind, &tm, &fraction, &zone) == 0 &&
+      kind == DTK_DATE && tm2timestamp(&tm, fraction, &zone, &instant) == 0;
   if (!valid) {
     GUC_check_errdetail(
         "billguard.scheduler_now must be empty or an instant such as '2026-09-01 00:00:00+00'.");

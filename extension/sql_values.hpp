@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include "pg_boundary.hpp"
+#include "pg_compat.hpp"
 
 extern "C" {
 #include "utils/builtins.h"

@@ -1,6 +1,8 @@
 // Commit-time wake-ups of await_billing() callers (see terminal_wakeups.hpp).
 #include "pg_boundary.hpp"
+#include "pg_compat.hpp"
 #include "terminal_wakeups.hpp"
+#include "wait_events.hpp"
 
 extern "C" {
 #include "access/htup_details.h"
@@ -154,7 +156,8 @@ bool AwaitTerminalCommit(std::string_view customer_id, std::string_view billing_
     if (remaining_ms <= 0) break;
     // Checks for interrupts: a cancel or statement_timeout raises here, and
     // the abort takes us off the wait list.
-    ConditionVariableTimedSleep(&slot.committed, remaining_ms, PG_WAIT_EXTENSION);
+    ConditionVariableTimedSleep(&slot.committed, remaining_ms,
+                                WaitEventOf(WaitFor::kTerminalCommit));
   }
   ConditionVariableCancelSleep();
   return announced;

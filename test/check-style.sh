@@ -6,7 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 status=0
 mapfile -t sources < <(git ls-files -co --exclude-standard -- '*.cpp' '*.hpp' '*.h')
-clang-format --dry-run -Werror "${sources[@]}" || status=1
+# Pinned to one version: another formats some constructs differently.
+# test/install-deps.sh installs it on Debian 12, where the style is checked.
+format=clang-format-14
+command -v $format >/dev/null || { echo "$format is not installed (test/install-deps.sh on Debian 12)"; exit 1; }
+$format --dry-run -Werror "${sources[@]}" || status=1
 for f in common/*.cpp common/*.hpp; do
   [ "$f" = common/cpp_only.hpp ] && continue
   grep -q '^#include "cpp_only.hpp"' "$f" || { echo "$f: does not include cpp_only.hpp"; status=1; }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A throwaway PostgreSQL 15 cluster run as the postgres user, with billguard
+# A throwaway PostgreSQL cluster (of pg_config) run as the postgres user, with billguard
 # preloaded. Used by the test runner, the demo and the benchmarks.
 #   test/cluster.sh start DIR PORT [postgresql.conf lines...]
 #   test/cluster.sh stop DIR [fast|immediate]

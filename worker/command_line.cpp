@@ -14,6 +14,8 @@ const char* const kUsage =
     "                       [--upstream-timeout SECONDS] [--threads N] [--database-pool N]\n"
     "                       [--idempotency-window SECONDS] [--reconcile-after SECONDS]\n"
     "                       [--issuer-max-key-days DAYS] [--issuer-period-months N]\n"
+    "                       [--max-connections N] [--header-timeout SECONDS]\n"
+    "                       [--body-timeout SECONDS] [--idle-timeout SECONDS]\n"
     "       billguard-proxy --help\n"
     "\n"
     "The spend-cap proxy: holds the real Stripe key, issues per-period vault keys\n"
@@ -46,9 +48,10 @@ const char* const kUsage =
     "                            billguard.ingest_stripe_event() (no vault key: the\n"
     "                            database checks Stripe's signature)\n"
     "  --upstream-timeout S      seconds to wait for Stripe before answering 502 (20)\n"
-    "  --threads N               requests served at once (64); a connection holds\n"
-    "                            one while it sends a request, so serve only the\n"
-    "                            billing database's hosts and the operator\n"
+    "  --threads N               requests decided at once (64): worker threads that\n"
+    "                            make the ledger's and Stripe's calls. A connection\n"
+    "                            holds one only from its complete request to its\n"
+    "                            answer, never while its client is slow\n"
     "  --database-pool N         connections to each database (8)\n"
     "  --idempotency-window S    how long Stripe is trusted to remember an\n"
     "                            Idempotency-Key (82800, 23 h; at most 86400): a key\n"
@@ -63,9 +66,25 @@ const char* const kUsage =
     "  --issuer-period-months N  the issuer token's keys name billing periods at\n"
     "                            most N months from the current one, UTC (1: the\n"
     "                            previous, the current and the next)\n"
+    "  --max-connections N       client connections open at once (10000; at most the\n"
+    "                            descriptor limit less what the database and Stripe\n"
+    "                            connections need); one more is closed as it arrives\n"
+    "  --header-timeout S        seconds from a request's first byte to the end of\n"
+    "                            its headers (10); then 408 and the connection closes\n"
+    "  --body-timeout S          seconds from the end of the headers to the end of\n"
+    "                            the body (10); then 408\n"
+    "  --idle-timeout S          seconds a kept-alive connection may wait for its\n"
+    "                            next request (60)\n"
     "\n"
     "Secret files must be readable by their owner only (chmod 600); tokens are at\n"
     "least 24 characters.\n"
+    "\n"
+    "A request has at most 8 KiB of request line and headers in at most 64 lines,\n"
+    "and a body of at most 64 KiB whatever its framing (431, 413 past them); header\n"
+    "values are taken as sent, never decoded; a control character or line fold in\n"
+    "one, a second Idempotency-Key, Stripe-Version, Authorization, Content-Length or\n"
+    "Transfer-Encoding, a Transfer-Encoding but chunked, or a Content-Encoding but\n"
+    "identity is refused (4xx) and forwards nothing.\n"
     "\n"
     "HTTP: POST /keys, GET|DELETE|POST /keys/{key_id} (admin), /v1/... with\n"
     "Authorization: Bearer vk_..., POST /webhooks/stripe (with --webhook-database),\n"
@@ -128,7 +147,11 @@ Options ParseCommandLine(int argc, char** argv) {
                                          "--idempotency-window",
                                          "--reconcile-after",
                                          "--issuer-max-key-days",
-                                         "--issuer-period-months"};
+                                         "--issuer-period-months",
+                                         "--max-connections",
+                                         "--header-timeout",
+                                         "--body-timeout",
+                                         "--idle-timeout"};
     bool known = false;
     for (const char* name : kFlags) known = known || flag == name;
     if (!known) throw UsageError("unknown option " + flag);
@@ -198,6 +221,21 @@ Options ParseCommandLine(int argc, char** argv) {
   if (values.count("--issuer-period-months") != 0) {
     options.issuer_period_months =
         ParseInt("--issuer-period-months", values["--issuer-period-months"], 0, 1200);
+  }
+  if (values.count("--max-connections") != 0) {
+    options.max_connections =
+        ParseInt("--max-connections", values["--max-connections"], 1, 1000000);
+  }
+  const struct {
+    const char* flag;
+    int* seconds;
+  } timeouts[] = {{"--header-timeout", &options.header_timeout_s},
+                  {"--body-timeout", &options.body_timeout_s},
+                  {"--idle-timeout", &options.idle_timeout_s}};
+  for (const auto& timeout : timeouts) {
+    if (values.count(timeout.flag) != 0) {
+      *timeout.seconds = ParseInt(timeout.flag, values[timeout.flag], 1, 3600);
+    }
   }
   return options;
 }

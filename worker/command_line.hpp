@@ -19,7 +19,7 @@ struct Options {
   std::string issuer_max_period_usd;
   std::string webhook_database;  // empty: POST /webhooks/stripe is not served
   int upstream_timeout_s = 20;
-  int threads = 64;
+  int threads = 64;  // requests decided at once (worker threads)
   int database_pool = 8;
   // What happens to a reserved key over time, and what the issuer token
   // may ask for (ledger.hpp's LedgerPolicy).
@@ -27,6 +27,10 @@ struct Options {
   int reconcile_after_s = 120;
   int issuer_max_key_days = 100;
   int issuer_period_months = 1;
+  int max_connections = 10000;
+  int header_timeout_s = 10;
+  int body_timeout_s = 10;
+  int idle_timeout_s = 60;
   bool help = false;
 };
 

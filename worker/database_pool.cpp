@@ -35,13 +35,14 @@ DatabasePool::DatabasePool(std::string conninfo, std::size_t size,
       replaced_(replaced),
       retried_(retried) {}
 
-DatabasePool::Lease::Lease(DatabasePool& p) : pool(p), connection(p.Acquire()) {}
+DatabasePool::Lease::Lease(DatabasePool& p, Statements s)
+    : pool(p), statements(s), connection(p.Acquire(s)) {}
 
 DatabasePool::Lease::~Lease() {
-  pool.Release(std::move(connection), broken);
+  pool.Release(std::move(connection), broken || statements == Statements::kNone);
 }
 
-std::unique_ptr<pqxx::connection> DatabasePool::Acquire() {
+std::unique_ptr<pqxx::connection> DatabasePool::Acquire(Statements statements) {
   std::unique_ptr<pqxx::connection> connection;
   {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -49,7 +50,7 @@ std::unique_ptr<pqxx::connection> DatabasePool::Acquire() {
       throw DatabaseUnavailable("every database connection is busy");
     }
     ++leased_;
-    if (!idle_.empty()) {
+    if (statements == Statements::kPrepared && !idle_.empty()) {
       connection = std::move(idle_.back());
       idle_.pop_back();
     }
@@ -58,13 +59,13 @@ std::unique_ptr<pqxx::connection> DatabasePool::Acquire() {
   if (connection && StillOpen(*connection)) return connection;
   if (connection && replaced_ != nullptr) ++*replaced_;
   connection.reset();
-  return Open();
+  return Open(statements);
 }
 
-std::unique_ptr<pqxx::connection> DatabasePool::Open() {
+std::unique_ptr<pqxx::connection> DatabasePool::Open(Statements statements) {
   try {
     auto connection = std::make_unique<pqxx::connection>(conninfo_);
-    prepare_(*connection);
+    if (statements == Statements::kPrepared) prepare_(*connection);
     return connection;
   } catch (const std::exception& e) {
     Release(nullptr, true);

@@ -8,7 +8,7 @@
 // when the caller says a repeat of it is harmless.
 #pragma once
 
-#include <pqxx/pqxx>
+#include "pqxx_compat.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -44,14 +44,21 @@ class DatabasePool {
                std::atomic<unsigned long long>* replaced = nullptr,
                std::atomic<unsigned long long>* retried = nullptr);
 
+  // Whether a connection has the prepared statements. The startup diagnosis
+  // runs without: libpqxx 7 prepares when a connection is set up (6.4 at
+  // first use), which fails on a database that lacks what they call, before
+  // the diagnosis could say what is missing.
+  enum class Statements { kPrepared, kNone };
+
   // Runs fn on a connection. Throws DatabaseUnavailable when no connection
   // can be had or it broke during fn (after the one retry `retry` allows);
-  // pqxx::sql_error passes through.
+  // pqxx::sql_error passes through. A connection without statements is
+  // opened for fn and closed after it.
   template <typename Fn>
-  auto Run(Fn&& fn, Retry retry = Retry::kNever)
+  auto Run(Fn&& fn, Retry retry = Retry::kNever, Statements statements = Statements::kPrepared)
       -> decltype(fn(std::declval<pqxx::connection&>())) {
     for (int run = 0;; ++run) {
-      Lease lease(*this);
+      Lease lease(*this, statements);
       try {
         return fn(*lease.connection);
       } catch (const pqxx::broken_connection& e) {
@@ -59,7 +66,7 @@ class DatabasePool {
         if (retry == Retry::kNever || run > 0) throw DatabaseUnavailable(e.what());
       } catch (const pqxx::sql_error& e) {
         // The server ending our session (shutdown, restart) or refusing it.
-        const std::string state = e.sqlstate();
+        const std::string state = pqxx_compat::SqlState(e);
         if (state.rfind("08", 0) != 0 && state.rfind("57P", 0) != 0 &&
             lease.connection->is_open()) {
           throw;
@@ -71,17 +78,24 @@ class DatabasePool {
     }
   }
 
+  // Run without the prepared statements, on a connection opened for fn.
+  template <typename Fn>
+  auto RunUnprepared(Fn&& fn) -> decltype(fn(std::declval<pqxx::connection&>())) {
+    return Run(std::forward<Fn>(fn), Retry::kNever, Statements::kNone);
+  }
+
  private:
   struct Lease {
-    explicit Lease(DatabasePool& pool);
+    Lease(DatabasePool& pool, Statements statements);
     ~Lease();
     DatabasePool& pool;
+    const Statements statements;
     std::unique_ptr<pqxx::connection> connection;
     bool broken = false;
   };
 
-  std::unique_ptr<pqxx::connection> Acquire();
-  std::unique_ptr<pqxx::connection> Open();
+  std::unique_ptr<pqxx::connection> Acquire(Statements statements);
+  std::unique_ptr<pqxx::connection> Open(Statements statements);
   void Release(std::unique_ptr<pqxx::connection> connection, bool broken);
 
   const std::string conninfo_;

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "credentials.hpp"
+#include "forwarded_headers.hpp"
 #include "ledger_request.hpp"
 #include "reconciler.hpp"
 #include "stripe_errors.hpp"
@@ -14,15 +15,14 @@ namespace billguard::proxy {
 
 namespace {
 
-void Refuse(httplib::Response& res, int status, const std::string& type, const std::string& code,
+void Refuse(Response& res, int status, const std::string& type, const std::string& code,
             const std::string& message) {
   AnswerJson(res, status, StripeErrorBody(type, code, message));
 }
 
 }  // namespace
 
-void HandleStripeRequest(ProxyContext& context, const httplib::Request& req,
-                         httplib::Response& res) {
+void HandleStripeRequest(ProxyContext& context, const Request& req, Response& res) {
   std::string decision = "rejected";
   const auto count = [&] { context.metrics.CountRequest(decision, res.status); };
 
@@ -43,29 +43,27 @@ void HandleStripeRequest(ProxyContext& context, const httplib::Request& req,
                (context.livemode ? "live" : "test") + " Stripe key");
     return count();
   }
-  const std::string idempotency_key = req.get_header_value("Idempotency-Key");
-  if (req.has_header("Idempotency-Key") &&
-      (idempotency_key.empty() || idempotency_key.size() > 255)) {
-    Refuse(res, 400, "invalid_request_error", "idempotency_key_invalid",
-           "Idempotency-Key must be 1..255 characters");
-    return count();
-  }
+  ForwardedHeaders headers;
   ParsedRequest parsed;
   try {
+    headers = ForwardedHeaders::Of(req);
     parsed =
         ParseStripeRequest(req.method, req.target, req.get_header_value("Content-Type"), req.body);
+    if (!headers.idempotency_key() && NeedsIdempotencyKey(parsed)) {
+      throw BadRequest(400, "idempotency_key_required",
+                       "a " + parsed.method +
+                           " that can move money needs an Idempotency-Key: the spend-cap ledger "
+                           "counts a request by its key");
+    }
   } catch (const BadRequest& e) {
     Refuse(res, e.http_status, "invalid_request_error", e.code, e.what());
     return count();
   }
+  const std::string idempotency_key = headers.idempotency_key().value_or("");
 
   Authorization authorization;
   try {
-    const ForwardedRequest request = LedgerRequest(parsed, *credential,
-                                                   req.has_header("Idempotency-Key")
-                                                       ? std::optional<std::string>(idempotency_key)
-                                                       : std::nullopt,
-                                                   req.get_header_value("Stripe-Version"));
+    const ForwardedRequest request = LedgerRequest(parsed, *credential, headers);
     authorization = context.ledger.Authorize(request);
     if (authorization.decision == "reconcile") {
       authorization =
@@ -97,8 +95,7 @@ void HandleStripeRequest(ProxyContext& context, const httplib::Request& req,
   }
 
   const auto started = std::chrono::steady_clock::now();
-  const HttpResponse response = context.upstream.Send(
-      parsed.method, req.target, req.body, idempotency_key, req.get_header_value("Stripe-Version"));
+  const HttpResponse response = context.upstream.Send(parsed.method, req.target, req.body, headers);
   context.metrics.ObserveUpstream(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   const UpstreamAnswer answer = ReadUpstreamAnswer(response);

@@ -7,7 +7,6 @@
 
 namespace billguard::proxy {
 
-void HandleStripeRequest(ProxyContext& context, const httplib::Request& req,
-                         httplib::Response& res);
+void HandleStripeRequest(ProxyContext& context, const Request& req, Response& res);
 
 }  // namespace billguard::proxy

@@ -17,7 +17,7 @@ using nlohmann::json;
 
 enum class Role { kNone, kIssuer, kAdmin };
 
-Role RoleOf(const ProxyContext& context, const httplib::Request& req) {
+Role RoleOf(const ProxyContext& context, const Request& req) {
   const auto token = PresentedCredential(req.get_header_value("Authorization"));
   if (!token) return Role::kNone;
   if (TokenMatches(*token, context.admin_token)) return Role::kAdmin;
@@ -25,7 +25,7 @@ Role RoleOf(const ProxyContext& context, const httplib::Request& req) {
   return Role::kNone;
 }
 
-void Error(httplib::Response& res, int status, const std::string& message) {
+void Error(Response& res, int status, const std::string& message) {
   AnswerJson(res, status,
              StripeErrorBody(status >= 500 ? "api_error" : "invalid_request_error", "", message));
 }
@@ -44,7 +44,7 @@ json Number(const std::string& text) {
 
 // Runs a ledger call and answers its errors.
 template <typename Fn>
-void WithLedger(httplib::Response& res, Fn&& fn) {
+void WithLedger(Response& res, Fn&& fn) {
   try {
     fn();
   } catch (const DatabaseUnavailable&) {
@@ -59,7 +59,7 @@ void WithLedger(httplib::Response& res, Fn&& fn) {
 // an issuer that lost its key (a restored database, more records claimed
 // since) can join the budget at its cap instead of stalling; only the
 // admin raises a cap.
-void AnswerCapDiffers(httplib::Response& res, const LedgerError& e) {
+void AnswerCapDiffers(Response& res, const LedgerError& e) {
   const std::string message = e.what();
   json error = json::parse(StripeErrorBody(e.type, kBudgetCapDiffers, message))["error"];
   // The ledger's message (vault_issue_key): "... already has a cap of 55.00 USD".
@@ -84,14 +84,14 @@ void AnswerCapDiffers(httplib::Response& res, const LedgerError& e) {
   AnswerJson(res, 409, json{{"error", error}}.dump());
 }
 
-void AnswerStatus(ProxyContext& context, httplib::Response& res, const std::string& key_id) {
+void AnswerStatus(ProxyContext& context, Response& res, const std::string& key_id) {
   json status = json::parse(context.ledger.KeyStatus(key_id));
   status["key_id"] = key_id;
   status["revoked"] = !status["revoked_at"].is_null();
   AnswerJson(res, 200, status.dump());
 }
 
-void IssueKey(ProxyContext& context, const httplib::Request& req, httplib::Response& res) {
+void IssueKey(ProxyContext& context, const Request& req, Response& res) {
   const CountedRequest counted(context.metrics, "keys", res.status);
   const Role role = RoleOf(context, req);
   if (role == Role::kNone) {
@@ -142,7 +142,7 @@ void IssueKey(ProxyContext& context, const httplib::Request& req, httplib::Respo
 }
 
 // GET, DELETE and POST /keys/{key_id}: the admin's.
-void ManageKey(ProxyContext& context, const httplib::Request& req, httplib::Response& res) {
+void ManageKey(ProxyContext& context, const Request& req, Response& res) {
   const CountedRequest counted(context.metrics, "keys", res.status);
   const Role role = RoleOf(context, req);
   if (role == Role::kNone)
@@ -168,16 +168,12 @@ void ManageKey(ProxyContext& context, const httplib::Request& req, httplib::Resp
 
 }  // namespace
 
-void RegisterKeysApi(httplib::Server& server, ProxyContext& context) {
-  server.Post("/keys", [&](const httplib::Request& req, httplib::Response& res) {
-    IssueKey(context, req, res);
-  });
-  const auto manage = [&](const httplib::Request& req, httplib::Response& res) {
-    ManageKey(context, req, res);
-  };
-  server.Get(R"(/keys/(vkey_[A-Za-z0-9]{16}))", manage);
-  server.Delete(R"(/keys/(vkey_[A-Za-z0-9]{16}))", manage);
-  server.Post(R"(/keys/(vkey_[A-Za-z0-9]{16}))", manage);
+void RegisterKeysApi(Router& router, ProxyContext& context) {
+  router.Post("/keys", [&](const Request& req, Response& res) { IssueKey(context, req, res); });
+  const auto manage = [&](const Request& req, Response& res) { ManageKey(context, req, res); };
+  router.Get(R"(/keys/(vkey_[A-Za-z0-9]{16}))", manage);
+  router.Delete(R"(/keys/(vkey_[A-Za-z0-9]{16}))", manage);
+  router.Post(R"(/keys/(vkey_[A-Za-z0-9]{16}))", manage);
 }
 
 }  // namespace billguard::proxy

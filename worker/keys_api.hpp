@@ -3,9 +3,10 @@
 #pragma once
 
 #include "proxy_context.hpp"
+#include "router.hpp"
 
 namespace billguard::proxy {
 
-void RegisterKeysApi(httplib::Server& server, ProxyContext& context);
+void RegisterKeysApi(Router& router, ProxyContext& context);
 
 }  // namespace billguard::proxy

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 
+#include "pqxx_compat.hpp"
 #include "secret_flags.hpp"
 #include "settle_queue.hpp"
 #include "sha256.hpp"
@@ -63,7 +64,7 @@ std::string TextArray(const std::vector<std::string>& items) {
   return out + "}";
 }
 
-Row RowOf(const pqxx::row& row) {
+Row RowOf(const pqxx_compat::RowRef& row) {
   Row out;
   for (const auto& field : row) {
     out.emplace_back(field.name(),
@@ -74,10 +75,8 @@ Row RowOf(const pqxx::row& row) {
 
 // SQLSTATE classes the ledger raises for a caller's mistake, as HTTP.
 LedgerError ErrorFor(const pqxx::sql_error& e) {
-  const std::string state = e.sqlstate();
-  std::string message = e.what();
-  if (message.rfind("ERROR:  ", 0) == 0) message = message.substr(8);
-  message = message.substr(0, message.find('\n'));
+  const std::string state = pqxx_compat::SqlState(e);
+  const std::string message = pqxx_compat::ServerMessage(e);
   if (state == "23505") return LedgerError(409, "invalid_request_error", message);
   if (state == "P0002") return LedgerError(404, "invalid_request_error", message);
   // libpqxx 6.4 throws insufficient_privilege without its SQLSTATE.
@@ -181,22 +180,25 @@ void Ledger::CheckSchema() {
       "billguard.revoke_vault_key(text)",
       "billguard.raise_vault_cap(text, numeric)"};
   try {
-    pool_.Run([&](pqxx::connection& connection) {
+    pool_.RunUnprepared([&](pqxx::connection& connection) {
       pqxx::nontransaction tx(connection);
-      const auto version = tx.exec1(
-          "SELECT current_database(), current_user, "
-          "(SELECT extversion FROM pg_extension WHERE extname = 'billguard')");
+      const auto version =
+          pqxx_compat::OneRow(tx,
+                              "SELECT current_database(), current_user, "
+                              "(SELECT extversion FROM pg_extension WHERE extname = 'billguard')");
       const std::string where = "database " + version[0].as<std::string>();
       if (version[2].is_null()) {
         throw StartupError(where + " lacks the billguard extension: CREATE EXTENSION billguard");
       }
       const std::string role = version[1].as<std::string>();
-      if (!tx.exec1("SELECT has_schema_privilege('billguard', 'USAGE')")[0].as<bool>()) {
+      if (!pqxx_compat::OneRow(tx, "SELECT has_schema_privilege('billguard', 'USAGE')")[0]
+               .as<bool>()) {
         throw StartupError("role " + role + " may not use schema billguard in " + where +
                            ": grant what the README's proxy section lists");
       }
       for (const char* function : kFunctions) {
-        const auto found = tx.exec_params1(
+        const auto found = pqxx_compat::OneRowWith(
+            tx,
             "SELECT p IS NOT NULL, p IS NOT NULL AND has_function_privilege(p, 'EXECUTE') "
             "FROM to_regprocedure($1) p",
             function);
@@ -209,7 +211,8 @@ void Ledger::CheckSchema() {
                              ": grant what the README's proxy section lists");
         }
       }
-      if (!tx.exec1("SELECT has_table_privilege('billguard.vault_spend', 'SELECT')")[0]
+      if (!pqxx_compat::OneRow(tx,
+                               "SELECT has_table_privilege('billguard.vault_spend', 'SELECT')")[0]
                .as<bool>()) {
         throw StartupError("role " + role + " may not read billguard.vault_spend in " + where +
                            ": grant what the README's proxy section lists");
@@ -230,10 +233,10 @@ Authorization Ledger::Authorize(const ForwardedRequest& r) {
   return Call([&](pqxx::nontransaction& tx) {
     const std::optional<std::string> amount =
         r.amount_cents ? std::optional<std::string>(std::to_string(*r.amount_cents)) : std::nullopt;
-    const auto row = tx.exec_prepared1("authorize", HexBytea(r.secret_sha256), r.method, r.endpoint,
-                                       OrNull(r.idempotency_key), r.request_digest, OrNull(amount),
-                                       OrNull(r.currency), OrNull(r.customer), OrNull(r.search_key),
-                                       policy_.idempotency_window_s);
+    const auto row = pqxx_compat::OnePrepared(
+        tx, "authorize", HexBytea(r.secret_sha256), r.method, r.endpoint, OrNull(r.idempotency_key),
+        r.request_digest, OrNull(amount), OrNull(r.currency), OrNull(r.customer),
+        OrNull(r.search_key), policy_.idempotency_window_s);
     Authorization a;
     a.decision = row[0].as<std::string>();
     a.http_status = row[1].is_null() ? 0 : row[1].as<int>();
@@ -251,9 +254,9 @@ Authorization Ledger::Authorize(const ForwardedRequest& r) {
 void Ledger::SettleNow(const std::string& key_id, const std::string& idempotency_key, int attempt,
                        const UpstreamAnswer& answer) {
   Call([&](pqxx::nontransaction& tx) {
-    return tx.exec_prepared1("settle", key_id, idempotency_key, answer.status,
-                             OrNull(answer.error_type), OrNull(answer.charge_id), answer.body,
-                             OrNull(answer.request_id), attempt);
+    return pqxx_compat::OnePrepared(tx, "settle", key_id, idempotency_key, answer.status,
+                                    OrNull(answer.error_type), OrNull(answer.charge_id),
+                                    answer.body, OrNull(answer.request_id), attempt);
   });
 }
 
@@ -290,9 +293,9 @@ std::string Ledger::Reconcile(const ReservationInDoubt& r, const Finding& f) {
   const std::optional<std::string> request_id =
       found && !f.request_id.empty() ? std::optional<std::string>(f.request_id) : std::nullopt;
   return Call([&](pqxx::nontransaction& tx) {
-    return tx
-        .exec_prepared1("reconcile", r.key_id, r.idempotency_key, r.attempts, FindingName(f.kind),
-                        OrNull(charge_id), OrNull(body), OrNull(request_id), f.reason)[0]
+    return pqxx_compat::OnePrepared(tx, "reconcile", r.key_id, r.idempotency_key, r.attempts,
+                                    FindingName(f.kind), OrNull(charge_id), OrNull(body),
+                                    OrNull(request_id), f.reason)[0]
         .as<std::string>();
   });
 }
@@ -300,10 +303,12 @@ std::string Ledger::Reconcile(const ReservationInDoubt& r, const Finding& f) {
 std::vector<ReservationInDoubt> Ledger::ReservationsInDoubt(int max_rows) {
   return Call([&](pqxx::nontransaction& tx) {
     std::vector<ReservationInDoubt> found;
-    const auto optional = [](const pqxx::field& f) {
+    // A field of a row, whatever type libpqxx gives it (pqxx_compat::RowRef).
+    const auto optional = [](const auto& f) {
       return f.is_null() ? std::nullopt : std::optional<std::string>(f.c_str());
     };
-    for (const auto& row : tx.exec_prepared("in_doubt", policy_.reconcile_after_s, max_rows)) {
+    for (const auto& row :
+         pqxx_compat::Prepared(tx, "in_doubt", policy_.reconcile_after_s, max_rows)) {
       ReservationInDoubt r;
       r.key_id = row[0].as<std::string>();
       r.idempotency_key = row[1].as<std::string>();
@@ -331,10 +336,10 @@ NewKey Ledger::IssueKey(const KeyRequest& r) {
              : std::nullopt;
   return Call(
       [&](pqxx::nontransaction& tx) {
-        const auto row = tx.exec_prepared1(
-            "issue", r.vendor, r.billing_period, r.period_usd_cap, TextArray(r.allowed_endpoints),
-            r.expires_at, r.livemode ? "true" : "false", OrNull(r.issuer_max_period_usd),
-            OrNull(max_days), OrNull(months));
+        const auto row = pqxx_compat::OnePrepared(
+            tx, "issue", r.vendor, r.billing_period, r.period_usd_cap,
+            TextArray(r.allowed_endpoints), r.expires_at, r.livemode ? "true" : "false",
+            OrNull(r.issuer_max_period_usd), OrNull(max_days), OrNull(months));
         return NewKey{row[0].as<std::string>(), row[1].as<std::string>(), row[2].as<std::string>(),
                       row[3].as<std::string>()};
       },
@@ -343,29 +348,30 @@ NewKey Ledger::IssueKey(const KeyRequest& r) {
 
 std::string Ledger::KeyStatus(const std::string& key_id) {
   return Call([&](pqxx::nontransaction& tx) {
-    return tx.exec_prepared1("status", key_id)[0].as<std::string>();
+    return pqxx_compat::OnePrepared(tx, "status", key_id)[0].as<std::string>();
   });
 }
 
 void Ledger::RevokeKey(const std::string& key_id) {
-  Call([&](pqxx::nontransaction& tx) { return tx.exec_prepared1("revoke", key_id); });
+  Call([&](pqxx::nontransaction& tx) { return pqxx_compat::OnePrepared(tx, "revoke", key_id); });
 }
 
 void Ledger::RaiseCap(const std::string& key_id, const std::string& period_usd_cap) {
-  Call(
-      [&](pqxx::nontransaction& tx) { return tx.exec_prepared1("raise", key_id, period_usd_cap); });
+  Call([&](pqxx::nontransaction& tx) {
+    return pqxx_compat::OnePrepared(tx, "raise", key_id, period_usd_cap);
+  });
 }
 
 std::vector<Row> Ledger::Spend() {
   return Call([&](pqxx::nontransaction& tx) {
     std::vector<Row> rows;
-    for (const auto& row : tx.exec_prepared("spend")) rows.push_back(RowOf(row));
+    for (const auto& row : pqxx_compat::Prepared(tx, "spend")) rows.push_back(RowOf(row));
     return rows;
   });
 }
 
 void Ledger::Ping() {
-  Call([&](pqxx::nontransaction& tx) { return tx.exec1("SELECT 1"); });
+  Call([&](pqxx::nontransaction& tx) { return pqxx_compat::OneRow(tx, "SELECT 1"); });
 }
 
 }  // namespace billguard::proxy

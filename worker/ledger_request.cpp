@@ -13,23 +13,23 @@ constexpr const char* kSearchKeyParameter = "metadata[billguard_key]";
 
 }  // namespace
 
-std::string ForwardedDigest(const ParsedRequest& parsed, const std::string& stripe_version) {
+std::string ForwardedDigest(const ParsedRequest& parsed, const ForwardedHeaders& headers) {
   // Without the header the digest is the parameters' alone; with it, the
   // version is length-prefixed after them, so no value can pose as another.
-  if (stripe_version.empty()) return parsed.digest;
-  return Sha256Hex(parsed.digest + "\nStripe-Version:" + std::to_string(stripe_version.size()) +
-                   ":" + stripe_version);
+  const auto& version = headers.stripe_version();
+  if (!version) return parsed.digest;
+  return Sha256Hex(parsed.digest + "\nStripe-Version:" + std::to_string(version->size()) + ":" +
+                   *version);
 }
 
 ForwardedRequest LedgerRequest(const ParsedRequest& parsed, const std::string& credential,
-                               const std::optional<std::string>& idempotency_key,
-                               const std::string& stripe_version) {
+                               const ForwardedHeaders& headers) {
   ForwardedRequest request;
   request.secret_sha256 = Sha256Bytes(credential);
   request.method = parsed.method;
   request.endpoint = parsed.path;
-  request.idempotency_key = idempotency_key;
-  request.request_digest = ForwardedDigest(parsed, stripe_version);
+  request.idempotency_key = headers.idempotency_key();
+  request.request_digest = ForwardedDigest(parsed, headers);
   request.amount_cents = parsed.amount_cents;
   request.currency = parsed.currency;
   request.customer = parsed.customer;

@@ -9,21 +9,20 @@
 // would) must join the digest here.
 #pragma once
 
-#include <optional>
 #include <string>
 
+#include "forwarded_headers.hpp"
 #include "ledger.hpp"
 #include "stripe_request_parser.hpp"
 
 namespace billguard::proxy {
 
-// `credential` is the vault key presented; `idempotency_key` absent when
-// the request had none; `stripe_version` empty when it sent none.
+// `credential` is the vault key presented; `headers` the client's headers
+// that reach Stripe (forwarded_headers.hpp).
 ForwardedRequest LedgerRequest(const ParsedRequest& parsed, const std::string& credential,
-                               const std::optional<std::string>& idempotency_key,
-                               const std::string& stripe_version);
+                               const ForwardedHeaders& headers);
 
 // The digest of a parsed request as forwarded with these headers.
-std::string ForwardedDigest(const ParsedRequest& parsed, const std::string& stripe_version);
+std::string ForwardedDigest(const ParsedRequest& parsed, const ForwardedHeaders& headers);
 
 }  // namespace billguard::proxy

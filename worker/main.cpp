@@ -3,9 +3,8 @@
 // its cap. Thin on purpose: every decision is one call of the ledger in the
 // database (ledger.hpp); this program parses, authenticates, calls,
 // forwards and relays.
-#include <httplib.h>
 #include <signal.h>
-#include <sys/socket.h>
+#include <sys/resource.h>
 
 #include <cstdio>
 #include <optional>
@@ -15,8 +14,10 @@
 #include "api_key.hpp"
 #include "command_line.hpp"
 #include "forwarding.hpp"
+#include "http_server.hpp"
 #include "keys_api.hpp"
 #include "reconciler.hpp"
+#include "router.hpp"
 #include "secret_flags.hpp"
 #include "stripe_errors.hpp"
 #include "webhooks.hpp"
@@ -25,16 +26,34 @@ namespace bp = billguard::proxy;
 
 namespace {
 
-// Limits on what a client may send: Stripe's requests are small.
-constexpr std::size_t kMaxBodyBytes = 64 * 1024;
+// Every connection is a descriptor: as many as the hard limit allows.
+// Returns the limit in force.
+rlim_t RaiseDescriptorLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return RLIM_INFINITY;
+  if (limit.rlim_cur < limit.rlim_max) {
+    const rlim_t before = limit.rlim_cur;
+    limit.rlim_cur = limit.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &limit) != 0) limit.rlim_cur = before;
+  }
+  return limit.rlim_cur;
+}
 
-// Debian's cpp-httplib is built to listen with a backlog of 5: a burst of
-// new connections would then wait for SYN retransmits, or be dropped. The
-// socket's backlog can be raised once it listens.
-class Server : public httplib::Server {
- public:
-  void WidenBacklog() { ::listen(svr_sock_, SOMAXCONN); }
-};
+// Client connections may never take the descriptors the ledger's and
+// Stripe's connections need: clients holding every one would turn each
+// charge into a 503 or a 502.
+std::size_t ConnectionBound(const bp::Options& options, rlim_t descriptors) {
+  const auto wanted = static_cast<std::size_t>(options.max_connections);
+  const rlim_t reserved = 4 * static_cast<rlim_t>(options.database_pool) +
+                          2 * static_cast<rlim_t>(options.threads) + 64;
+  if (descriptors == RLIM_INFINITY || descriptors >= reserved + wanted) return wanted;
+  const std::size_t bound = descriptors > reserved + 16 ? descriptors - reserved : 16;
+  std::fprintf(stderr,
+               "billguard-proxy: serving at most %zu connections, not --max-connections %zu: "
+               "the descriptor limit is %llu\n",
+               bound, wanted, static_cast<unsigned long long>(descriptors));
+  return bound;
+}
 
 // A Stripe secret or restricted key: a vault key upstream would send every
 // charge through a second proxy's cap.
@@ -47,8 +66,8 @@ std::string ReadUpstreamKey(const std::string& path) {
   return key;
 }
 
-void ServeHealthAndMetrics(httplib::Server& server, bp::ProxyContext& context) {
-  server.Get("/healthz", [&](const httplib::Request&, httplib::Response& res) {
+void ServeHealthAndMetrics(bp::Router& router, bp::ProxyContext& context) {
+  router.Get("/healthz", [&](const bp::Request&, bp::Response& res) {
     try {
       context.ledger.Ping();
       bp::AnswerJson(res, 200, R"({"status":"ok"})");
@@ -56,7 +75,7 @@ void ServeHealthAndMetrics(httplib::Server& server, bp::ProxyContext& context) {
       bp::AnswerJson(res, 503, R"({"status":"database unavailable"})");
     }
   });
-  server.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+  router.Get("/metrics", [&](const bp::Request&, bp::Response& res) {
     std::optional<std::vector<bp::Row>> budgets;
     try {
       budgets = context.ledger.Spend();
@@ -68,23 +87,15 @@ void ServeHealthAndMetrics(httplib::Server& server, bp::ProxyContext& context) {
   });
 }
 
-// Every answer the library makes itself (unknown path, body too large,
-// malformed request) is a Stripe-shaped error too.
-void AnswerLibraryErrors(httplib::Server& server) {
-  server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    std::string message =
-        "Unrecognized request URL (" + req.method + ": " + req.path.substr(0, 200) + ")";
-    if (res.status == 413) message = "request body larger than 64 KiB";
-    if (res.status == 400) message = "malformed HTTP request";
-    bp::AnswerJson(res, res.status,
-                   bp::StripeErrorBody("invalid_request_error",
-                                       res.status == 404 ? "resource_missing" : "", message));
-  });
-  server.set_exception_handler([](const httplib::Request&, httplib::Response& res,
-                                  std::exception_ptr) {
-    bp::AnswerJson(res, 500, bp::StripeErrorBody("api_error", "", "the spend-cap proxy failed"));
-  });
+bp::HttpServerOptions ServerOptions(const bp::Options& options) {
+  bp::HttpServerOptions server;
+  server.host = options.listen_host;
+  server.port = options.listen_port;
+  server.worker_threads = static_cast<std::size_t>(options.threads);
+  server.header_timeout = std::chrono::seconds(options.header_timeout_s);
+  server.body_timeout = std::chrono::seconds(options.body_timeout_s);
+  server.idle_timeout = std::chrono::seconds(options.idle_timeout_s);
+  return server;
 }
 
 }  // namespace
@@ -151,44 +162,35 @@ int main(int argc, char** argv) {
                              options.issuer_max_period_usd,
                              upstream_key.find("_live_") != std::string::npos};
 
-    Server server;
-    const auto threads = static_cast<std::size_t>(options.threads);
-    server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-    server.set_payload_max_length(kMaxBodyBytes);
-    server.set_keep_alive_max_count(10000);
-    server.set_tcp_nodelay(true);
-    const auto forward = [&](const httplib::Request& req, httplib::Response& res) {
+    bp::Router router;
+    const auto forward = [&](const bp::Request& req, bp::Response& res) {
       bp::HandleStripeRequest(context, req, res);
     };
-    server.Get("/v1/.*", forward);
-    server.Post("/v1/.*", forward);
-    server.Delete("/v1/.*", forward);
-    bp::RegisterKeysApi(server, context);
-    if (webhooks) bp::RegisterWebhookEndpoint(server, *webhooks, metrics);
-    ServeHealthAndMetrics(server, context);
-    AnswerLibraryErrors(server);
+    router.Get("/v1/.*", forward);
+    router.Post("/v1/.*", forward);
+    router.Delete("/v1/.*", forward);
+    bp::RegisterKeysApi(router, context);
+    if (webhooks) bp::RegisterWebhookEndpoint(router, *webhooks, metrics);
+    ServeHealthAndMetrics(router, context);
 
-    int port = options.listen_port;
-    if (port == 0) {
-      port = server.bind_to_any_port(options.listen_host);
-    } else if (!server.bind_to_port(options.listen_host, port)) {
-      port = -1;
-    }
-    if (port < 0)
-      throw bp::StartupError("cannot listen on " + options.listen_host + ":" +
-                             std::to_string(options.listen_port));
-    server.WidenBacklog();
+    bp::HttpServerOptions server_options = ServerOptions(options);
+    server_options.max_connections = ConnectionBound(options, RaiseDescriptorLimit());
+    bp::HttpServer server(
+        server_options, [&](bp::Request& req, bp::Response& res) { router.Dispatch(req, res); },
+        // What the HTTP layer refuses is bad input too.
+        [&](int status) { metrics.CountRequest("rejected", status); });
+    const int port = server.port();
     std::thread stopper([&] {
       int signal_number = 0;
       sigwait(&stop_signals, &signal_number);
-      server.stop();
+      server.Stop();
     });
     stopper.detach();
     std::printf("listening on %s:%d\n", options.listen_host.c_str(), port);
     std::fflush(stdout);
     std::fprintf(stderr, "billguard-proxy: serving on %s:%d, upstream %s\n",
                  options.listen_host.c_str(), port, options.upstream.c_str());
-    server.listen_after_bind();
+    server.Run();
   } catch (const std::exception& e) {
     // A StartupError says why in one line; anything else is cut to its first.
     const std::string message = e.what();

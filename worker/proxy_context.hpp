@@ -1,11 +1,10 @@
 // What the proxy's request handlers share.
 #pragma once
 
-#include <httplib.h>
-
 #include <optional>
 #include <string>
 
+#include "http_message.hpp"
 #include "ledger.hpp"
 #include "metrics.hpp"
 #include "upstream.hpp"
@@ -23,7 +22,7 @@ struct ProxyContext {
 };
 
 // A JSON answer; Stripe-shaped for errors (stripe_errors.hpp).
-inline void AnswerJson(httplib::Response& res, int status, const std::string& body) {
+inline void AnswerJson(Response& res, int status, const std::string& body) {
   res.status = status;
   res.set_content(body, "application/json");
 }

@@ -49,8 +49,9 @@ Finding Uncertain(std::string reason) {
   return f;
 }
 
+// A look-up of the proxy's own: none of a client's headers goes with it.
 HttpResponse Get(const Upstream& upstream, const std::string& path_and_query) {
-  return upstream.Send("GET", path_and_query, "", "", "");
+  return upstream.Send("GET", path_and_query, "", ForwardedHeaders());
 }
 
 // What a 2xx creating the object would have counted: money moved or held.

@@ -1,10 +1,9 @@
 // Parsing Stripe API requests (see stripe_request_parser.hpp).
 #include "stripe_request_parser.hpp"
 
-#include <httplib.h>
-
 #include <algorithm>
 #include <regex>
+#include <string_view>
 
 #include "sha256.hpp"
 
@@ -16,6 +15,22 @@ bool IsHex(char c) {
   return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
 }
 
+// Letters, digits, the punctuation given and well-formed %XX escapes, and
+// nothing else; else BadRequest with the message.
+void CheckEscaped(const std::string& text, std::string_view punctuation, const char* message) {
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                       punctuation.find(c) != std::string_view::npos;
+    if (plain) continue;
+    if (c == '%' && i + 2 < text.size() && IsHex(text[i + 1]) && IsHex(text[i + 2])) {
+      i += 2;
+      continue;
+    }
+    throw BadRequest(400, "parameter_invalid_encoding", message);
+  }
+}
+
 // Form encoding as every Stripe client writes it: unreserved characters,
 // '+', '*', %XX escapes, '=' and '&' as separators, and '[' and ']', which
 // the official stripe-node leaves unescaped in the names of hash and array
@@ -23,19 +38,39 @@ bool IsHex(char c) {
 // literal to the decoder. Nothing else, so no byte can mean something else
 // to Stripe than to us.
 void CheckFormEncoding(const std::string& text) {
+  CheckEscaped(text, "-_.~+*=&[]", "the body is not application/x-www-form-urlencoded");
+}
+
+int HexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  return c - 'A' + 10;
+}
+
+// One name or value of a form body that CheckFormEncoding passed: '+' is a
+// space and %XX the byte XX; nothing else is an escape.
+std::string DecodeFormComponent(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
   for (std::size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                       c == '-' || c == '_' || c == '.' || c == '~' || c == '+' || c == '*' ||
-                       c == '=' || c == '&' || c == '[' || c == ']';
-    if (plain) continue;
-    if (c == '%' && i + 2 < text.size() && IsHex(text[i + 1]) && IsHex(text[i + 2])) {
+    if (text[i] == '+') {
+      out.push_back(' ');
+    } else if (text[i] == '%') {
+      out.push_back(static_cast<char>(HexValue(text[i + 1]) * 16 + HexValue(text[i + 2])));
       i += 2;
-      continue;
+    } else {
+      out.push_back(text[i]);
     }
-    throw BadRequest(400, "parameter_invalid_encoding",
-                     "the body is not application/x-www-form-urlencoded");
   }
+  return out;
+}
+
+// A read's query string goes to Stripe as it came: only the characters a
+// query may hold unescaped (RFC 3986), and well-formed escapes, so that the
+// URL libcurl sends is the one the proxy read.
+void CheckQuery(const std::string& query) {
+  CheckEscaped(query, "-._~!$&'()*+,;=:@/?[]",
+               "the query string holds a character that must be percent-encoded");
 }
 
 bool IsNameCharacter(char c) {
@@ -78,10 +113,9 @@ std::vector<std::pair<std::string, std::string>> DecodeForm(const std::string& t
         throw BadRequest(400, "parameter_invalid_encoding",
                          "the body holds a parameter without a name or value");
       }
-      std::string name = httplib::detail::decode_url(pair.substr(0, equals), true);
+      std::string name = DecodeFormComponent(pair.substr(0, equals));
       CheckParameterName(name);
-      parameters.emplace_back(std::move(name),
-                              httplib::detail::decode_url(pair.substr(equals + 1), true));
+      parameters.emplace_back(std::move(name), DecodeFormComponent(pair.substr(equals + 1)));
     }
     start = end + 1;
   }
@@ -121,6 +155,7 @@ ParsedRequest ParseStripeRequest(const std::string& method, const std::string& t
   }
   // A read moves no money: its query string goes to Stripe as it came.
   if (method == "GET") {
+    CheckQuery(r.query);
     r.digest = Sha256Hex(method + " " + target);
     return r;
   }

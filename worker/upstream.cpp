@@ -9,8 +9,7 @@ Upstream::Upstream(std::string base_url, std::string api_key, long timeout_ms)
       timeout_ms_(timeout_ms) {}
 
 HttpResponse Upstream::Send(const std::string& method, const std::string& path_and_query,
-                            const std::string& body, const std::string& idempotency_key,
-                            const std::string& stripe_version) const {
+                            const std::string& body, const ForwardedHeaders& headers) const {
   thread_local HttpClient client(timeout_ms_);
   HttpRequest request;
   request.post = method == "POST";
@@ -20,8 +19,12 @@ HttpResponse Upstream::Send(const std::string& method, const std::string& path_a
     request.headers.push_back("Content-Type: application/x-www-form-urlencoded");
     request.body = body;
   }
-  if (!idempotency_key.empty()) request.headers.push_back("Idempotency-Key: " + idempotency_key);
-  if (!stripe_version.empty()) request.headers.push_back("Stripe-Version: " + stripe_version);
+  if (const auto& key = headers.idempotency_key()) {
+    request.headers.push_back("Idempotency-Key: " + *key);
+  }
+  if (const auto& version = headers.stripe_version()) {
+    request.headers.push_back("Stripe-Version: " + *version);
+  }
   client.Submit(std::move(request));
   for (;;) {
     auto finished = client.Poll(1000);

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "forwarded_headers.hpp"
 #include "http_client.hpp"
 
 namespace billguard::proxy {
@@ -13,12 +14,11 @@ class Upstream {
  public:
   Upstream(std::string base_url, std::string api_key, long timeout_ms);
 
-  // Sends method (GET or POST) path_and_query with the body and the
-  // caller's Idempotency-Key and Stripe-Version (empty: not sent). Status 0
-  // when no answer arrived within the timeout.
+  // Sends method (GET or POST) path_and_query with the body, the real key
+  // and, of the caller's headers, only the checked ones (forwarded_headers.hpp).
+  // Status 0 when no answer arrived within the timeout.
   HttpResponse Send(const std::string& method, const std::string& path_and_query,
-                    const std::string& body, const std::string& idempotency_key,
-                    const std::string& stripe_version) const;
+                    const std::string& body, const ForwardedHeaders& headers) const;
 
  private:
   const std::string base_url_;

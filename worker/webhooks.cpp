@@ -5,6 +5,7 @@
 
 #include <cstdio>
 
+#include "pqxx_compat.hpp"
 #include "proxy_context.hpp"
 #include "secret_flags.hpp"
 #include "stripe_errors.hpp"
@@ -19,28 +20,23 @@ void Prepare(pqxx::connection& connection) {
   connection.prepare("ingest", "SELECT billguard.ingest_stripe_event($1, $2)");
 }
 
-// The first line of the database's message, without "ERROR:  ".
-std::string MessageOf(const pqxx::sql_error& e) {
-  std::string message = e.what();
-  if (message.rfind("ERROR:  ", 0) == 0) message = message.substr(8);
-  return message.substr(0, message.find('\n'));
-}
-
 // A delivery the database refused, as Stripe's clients would see an error:
 // the delivery itself is wrong (22xxx: a bad signature, a stale timestamp, a
 // payload that is not an event; P0002: a key no record holds), or this side
 // failed (anything else, e.g. 55000 when no webhook secret is configured).
-void AnswerRefusal(httplib::Response& res, const pqxx::sql_error& e) {
-  const std::string state = e.sqlstate();
+void AnswerRefusal(Response& res, const pqxx::sql_error& e) {
+  const std::string state = pqxx_compat::SqlState(e);
   if (state.rfind("22", 0) == 0) {
     AnswerJson(res, 400,
-               StripeErrorBody("invalid_request_error", "webhook_rejected", MessageOf(e)));
+               StripeErrorBody("invalid_request_error", "webhook_rejected",
+                               pqxx_compat::ServerMessage(e)));
   } else if (state == "P0002") {
     AnswerJson(res, 404,
-               StripeErrorBody("invalid_request_error", "resource_missing", MessageOf(e)));
+               StripeErrorBody("invalid_request_error", "resource_missing",
+                               pqxx_compat::ServerMessage(e)));
   } else {
     std::fprintf(stderr, "billguard-proxy: a Stripe webhook could not be applied: %s\n",
-                 MessageOf(e).c_str());
+                 pqxx_compat::ServerMessage(e).c_str());
     AnswerJson(res, 500,
                StripeErrorBody("api_error", "",
                                "the webhook could not be applied (SQLSTATE " + state +
@@ -55,9 +51,10 @@ WebhookInbox::WebhookInbox(const std::string& conninfo, std::size_t pool_size)
 
 void WebhookInbox::CheckSchema() {
   try {
-    pool_.Run([&](pqxx::connection& connection) {
+    pool_.RunUnprepared([&](pqxx::connection& connection) {
       pqxx::nontransaction tx(connection);
-      const auto found = tx.exec_params1(
+      const auto found = pqxx_compat::OneRowWith(
+          tx,
           "SELECT current_database(), current_user, to_regprocedure($1) IS NOT NULL, "
           "coalesce(has_function_privilege(to_regprocedure($1), 'EXECUTE'), false)",
           kIngest);
@@ -79,7 +76,7 @@ void WebhookInbox::CheckSchema() {
                        message.substr(0, message.find('\n')));
   } catch (const pqxx::sql_error& e) {
     // USAGE on schema billguard is missing, say.
-    throw StartupError("--webhook-database: " + MessageOf(e) +
+    throw StartupError("--webhook-database: " + pqxx_compat::ServerMessage(e) +
                        ": grant what the README's Privileges list");
   }
 }
@@ -87,12 +84,12 @@ void WebhookInbox::CheckSchema() {
 std::string WebhookInbox::Ingest(const std::string& payload, const std::string& signature_header) {
   return pool_.Run([&](pqxx::connection& connection) {
     pqxx::nontransaction tx(connection);
-    return tx.exec_prepared1("ingest", payload, signature_header)[0].as<std::string>();
+    return pqxx_compat::OnePrepared(tx, "ingest", payload, signature_header)[0].as<std::string>();
   });
 }
 
-void RegisterWebhookEndpoint(httplib::Server& server, WebhookInbox& inbox, Metrics& metrics) {
-  server.Post("/webhooks/stripe", [&](const httplib::Request& req, httplib::Response& res) {
+void RegisterWebhookEndpoint(Router& router, WebhookInbox& inbox, Metrics& metrics) {
+  router.Post("/webhooks/stripe", [&](const Request& req, Response& res) {
     if (!req.has_header("Stripe-Signature")) {
       AnswerJson(res, 400,
                  StripeErrorBody("invalid_request_error", "webhook_rejected",

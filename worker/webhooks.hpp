@@ -7,12 +7,11 @@
 // makes Stripe deliver it again later.
 #pragma once
 
-#include <httplib.h>
-
 #include <string>
 
 #include "database_pool.hpp"
 #include "metrics.hpp"
+#include "router.hpp"
 
 namespace billguard::proxy {
 
@@ -32,6 +31,6 @@ class WebhookInbox {
   DatabasePool pool_;
 };
 
-void RegisterWebhookEndpoint(httplib::Server& server, WebhookInbox& inbox, Metrics& metrics);
+void RegisterWebhookEndpoint(Router& router, WebhookInbox& inbox, Metrics& metrics);
 
 }  // namespace billguard::proxy

@@ -17,7 +17,7 @@ use Time::HiRes qw(sleep time);
 
 our @EXPORT = qw(billguard_node add_accounts start_gate release_gate race_psql finish_race
   start_emulator dispatch_node wait_until_settled dispatcher_pid wait_for_new_dispatcher
-  succeeded_charges charges_by_key record_of set_api_key);
+  succeeded_charges charges_by_key record_of set_api_key still_running);
 
 # A started node with billguard preloaded and created in database postgres.
 # Options, if the first of @conf is a hash: extension_version => '0.1.0'
@@ -187,6 +187,16 @@ sub release_gate {
 	$node->safe_psql('postgres',
 		"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'billguard_gate'");
 	$gate->finish;
+}
+
+# Whether the process of an IPC::Run handle still runs, reading what it
+# wrote so far. pump_nb dies on a handle whose process has ended (in a
+# wait_for, a false answer until the timeout), and one may end between
+# pumpable and pump_nb: only the answer of pumpable after the pump counts.
+sub still_running {
+	my ($handle) = @_;
+	eval { $handle->pump_nb if $handle->pumpable; 1 };
+	return $handle->pumpable;
 }
 
 # Waits for every racer and records its exit status.

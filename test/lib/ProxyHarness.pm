@@ -40,7 +40,8 @@ sub secret_file {
 }
 
 # Options: conninfo (required), upstream (an emulator or a URL), upstream_key
-# (default: the emulator harness's test key), issuer => 0 to start without an
+# (default: the emulator harness's test key), admin_token (default: random
+# letters), issuer => 0 to start without an
 # issuer token, issuer_max_period_usd (its --issuer-max-period-usd; default
 # 1000000), issuer_bounds => 'default' to keep the proxy's own bounds on the
 # issuer's keys (else widened: the tests name fixed periods, such as
@@ -51,7 +52,7 @@ sub start {
 	my $self = bless { %o }, $class;
 	$self->{dir} //= tempdir(CLEANUP => 1);
 	$self->{upstream_url} = ref $o{upstream} ? $o{upstream}->url('') : $o{upstream};
-	$self->{admin_token} = 'admin-' . join('', map { ('a' .. 'z')[rand 26] } 1 .. 32);
+	$self->{admin_token} = $o{admin_token} // 'admin-' . join('', map { ('a' .. 'z')[rand 26] } 1 .. 32);
 	$self->{issuer_token} = 'issuer-' . join('', map { ('a' .. 'z')[rand 26] } 1 .. 32);
 	$self->{files}{upstream} = secret_file($self->{dir}, 'stripe.key',
 		$o{upstream_key} // $StripeEmulatorHarness::DEFAULT_API_KEY);
@@ -250,8 +251,7 @@ sub concurrently {
 # (StripeEmulatorHarness::read_response).
 sub send_charge {
 	my ($self, $vault_key, $idempotency_key, $body) = @_;
-	my $socket = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $self->{port}, Proto => 'tcp')
-	  // die "connect: $!";
+	my $socket = $self->connect_raw;
 	my $text = "POST /v1/payment_intents HTTP/1.1\r\nHost: 127.0.0.1:$self->{port}\r\n"
 	  . "Authorization: Bearer $vault_key\r\nIdempotency-Key: $idempotency_key\r\n"
 	  . "Content-Type: application/x-www-form-urlencoded\r\nConnection: close\r\n"
@@ -283,6 +283,24 @@ sub end_key_lock {
 		"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = '$lock->{name}'");
 	$lock->{handle}->finish;
 	return;
+}
+
+# A raw connection to the proxy, for what HTTP clients would not send.
+sub connect_raw {
+	my ($self) = @_;
+	return IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $self->{port}, Proto => 'tcp')
+	  // die "connect: $!";
+}
+
+# The proxy's resident memory (VmRSS) and thread count, from /proc.
+sub resident_kib { my ($self) = @_; return proc_status($self->{pid}, 'VmRSS') }
+sub threads      { my ($self) = @_; return proc_status($self->{pid}, 'Threads') }
+sub proc_status {
+	my ($pid, $field) = @_;
+	open my $fh, '<', "/proc/$pid/status" or die "/proc/$pid/status: $!";
+	local $/;
+	my ($value) = <$fh> =~ /^$field:\s*(\d+)/m;
+	return $value;
 }
 
 sub admin_token  { $_[0]{admin_token} }

@@ -20,7 +20,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 work=${1:?usage: $0 WORKDIR}
 mkdir -p "$work"
 
-suite=$("$here/fetch-suite.sh")
+# Its exit 3 (no source served) passes through: the caller skips the suite.
+suite=$("$here/fetch-suite.sh") || exit $?
 bindir=$(pg_config --bindir)
 pg_regress=$(dirname "$(pg_config --pgxs)")/../../src/test/regress/pg_regress
 echo "suite: src/test/regress of the Debian source $(cat "$suite/SOURCE"), for the server" \
@@ -83,10 +84,25 @@ run_server() {
     tail -20 "$dir/pg_regress.log"
     return 1
   fi
-  echo "$name: $(grep -cE ' \.\.\. ' "$dir/regression.out" || true) tests in $((SECONDS - started)) s;" \
-    "differing from the expected files (information only):" \
-    "$(grep -oE '^(test| +) [A-Za-z0-9_.]+ +\.\.\. FAILED' "$dir/regression.out" |
-      awk '{print $(NF-2)}' | paste -sd' ' || true)"
+  echo "$name: $(tests_run "$dir") tests in $((SECONDS - started)) s;" \
+    "differing from the expected files (information only): $(tests_differing "$dir")"
+}
+
+# pg_regress's account of a run: "test name ... ok" lines in regression.out
+# up to 15; from 16 on, TAP on its output (pg_regress.log here), "ok N -
+# name" or "not ok N + name" (and a regression.out only when a test failed).
+old_format() { grep -qE ' \.\.\. ' "$1/regression.out" 2>/dev/null; }
+tests_run() {
+  if old_format "$1"; then grep -cE ' \.\.\. ' "$1/regression.out" || true
+  else grep -cE '^(not )?ok [0-9]+ ' "$1/pg_regress.log" || true
+  fi
+}
+tests_differing() {
+  if old_format "$1"; then
+    grep -oE '^(test| +) [A-Za-z0-9_.]+ +\.\.\. FAILED' "$1/regression.out" | awk '{print $(NF-2)}' | paste -sd' ' || true
+  else
+    grep -E '^not ok [0-9]+ ' "$1/pg_regress.log" | awk '{print $5}' | paste -sd' ' || true
+  fi
 }
 
 # A crash (a signal, PANIC, an assertion) in a server's log fails the run,

@@ -77,20 +77,24 @@ SELECT is(array_agg(c.caller || ' -> ' || c.callee ORDER BY c.caller, c.callee),
 -- warning) when it was not planned in parallel: force_parallel_mode puts a
 -- Gather on top of every plan the planner may run in parallel, so a plan
 -- without one means some function of the query is not PARALLEL SAFE.
+-- PostgreSQL 16 renamed it debug_parallel_query.
 CREATE FUNCTION pg_temp.parallel_rows(query text) RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
   plan jsonb;
+  force_parallel text := CASE WHEN current_setting('server_version_num')::int >= 160000
+                              THEN 'debug_parallel_query' ELSE 'force_parallel_mode' END;
 BEGIN
-  PERFORM set_config('force_parallel_mode', 'on', true);
+  PERFORM set_config(force_parallel, 'on', true);
   PERFORM set_config('parallel_leader_participation', 'off', true);
   EXECUTE 'EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF, FORMAT JSON) ' || query INTO plan;
-  PERFORM set_config('force_parallel_mode', 'off', true);
+  PERFORM set_config(force_parallel, 'off', true);
   PERFORM set_config('parallel_leader_participation', 'on', true);
   IF plan -> 0 -> 'Plan' ->> 'Node Type' IS DISTINCT FROM 'Gather' THEN
     RAISE WARNING 'not planned in parallel: %', query;
     RETURN NULL;
   END IF;
-  RETURN (plan -> 0 -> 'Plan' ->> 'Actual Rows')::bigint;
+  -- 18 shows Actual Rows with two decimals (1.00).
+  RETURN (plan -> 0 -> 'Plan' ->> 'Actual Rows')::numeric::bigint;
 END $$;
 
 SELECT is(pg_temp.parallel_rows($q$

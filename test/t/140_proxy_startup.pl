@@ -45,6 +45,10 @@ for my $case (
 	  qr/--issuer-max-period-usd must be a positive USD amount of whole cents/ ],
 	[ 'a ceiling without an issuer token', { '--issuer-max-period-usd' => '100' },
 	  qr/--issuer-max-period-usd is for --issuer-token-file, which is not given/ ],
+	[ 'a header deadline of 0', { '--header-timeout' => '0' }, qr/--header-timeout must be an integer 1\.\.3600, got "0"/ ],
+	[ 'a body deadline that is not a number', { '--body-timeout' => '5s' }, qr/--body-timeout must be an integer 1\.\.3600/ ],
+	[ 'an idle deadline past an hour', { '--idle-timeout' => '3601' }, qr/--idle-timeout must be an integer 1\.\.3600/ ],
+	[ 'no connections at all', { '--max-connections' => '0' }, qr/--max-connections must be an integer 1\.\.1000000/ ],
 ) {
 	my ($what, $changes, $message) = @$case;
 	my ($exit, $err, $line) = refused(%$changes);

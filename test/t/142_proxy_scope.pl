@@ -67,7 +67,8 @@ my $ok = remember($proxy->charge($key->{vault_key}, 'scope-ok', amount => 300));
 is($ok->{status}, 200, 'the key charges within its scope');
 my $at_stripe = $forwarded->();
 is(error_of(remember($proxy->request('POST', '/v1/payment_intents/pi_createdElsewhere/confirm',
-	'payment_method=pm_card_visa', vault_key => $key->{vault_key}))), '403 object_not_in_budget',
+	'payment_method=pm_card_visa', vault_key => $key->{vault_key}, idempotency_key => 'scope-confirm'))),
+	'403 object_not_in_budget',
 	'a POST on an object the budget did not create (confirming a PaymentIntent made with the real key) is 403');
 remember($proxy->request('POST', "/v1/payment_intents/$ok->{json}{id}/cancel", undef, vault_key => $key->{vault_key}));
 is($forwarded->(), $at_stripe + 1, '... and only a POST on one it created reaches Stripe');

@@ -1,5 +1,5 @@
 # Failover under the HA manager PostgreSQL users run: pg_auto_failover
-# (Debian's postgresql-15-auto-failover). A monitor and two nodes on
+# (Debian's postgresql-NN-auto-failover). A monitor and two nodes on
 # loopback, billguard preloaded on both; the scheduler bills a period and
 # the dispatcher sends it through the emulator, slowly; while it is under
 # way, `pg_autoctl perform failover` swaps the nodes, and later a kill -9
@@ -21,7 +21,7 @@ use BillguardTest;
 use DispatchScenario qw(wait_for poll_until);
 use SchedulerScenario;
 
-plan skip_all => 'pg_autoctl is not installed (test/install-deps.sh installs postgresql-15-auto-failover)'
+plan skip_all => 'pg_autoctl is not installed (test/install-deps.sh installs postgresql-NN-auto-failover)'
   unless grep { -x "$_/pg_autoctl" } split /:/, $ENV{PATH};
 
 my $accounts = 400;
@@ -34,10 +34,11 @@ mkdir $env{XDG_RUNTIME_DIR};
 
 # The nodes run the PostgreSQL billguard is installed in. The monitor needs
 # the pgautofailover extension, which Debian's package installs into the
-# system's PostgreSQL 15: a private PostgreSQL on PATH may lack it.
+# system's PostgreSQL of that major: a private PostgreSQL on PATH may lack it.
 chomp(my $bindir = `pg_config --bindir`);
 chomp(my $sharedir = `pg_config --sharedir`);
-my $monitor_bindir = -e "$sharedir/extension/pgautofailover.control" ? $bindir : '/usr/lib/postgresql/15/bin';
+(my $major = `pg_config --version`) =~ s/^PostgreSQL (\d+).*/$1/s;
+my $monitor_bindir = -e "$sharedir/extension/pgautofailover.control" ? $bindir : "/usr/lib/postgresql/$major/bin";
 
 # ---- processes, stopped by pid ---------------------------------------------------------
 

@@ -4,7 +4,8 @@
 # within the test's patience:
 #   - 50 sessions at once each call bill_customer and then await_billing for
 #     the same customer and period while the dispatcher is paused; all 50
-#     sleep (wait_event Extension), then the dispatcher resumes: one charge
+#     sleep (wait_event_type Extension; wait_event BillguardTerminalCommit
+#     on 17+), then the dispatcher resumes: one charge
 #     at the emulator, and every caller is answered with its id;
 #   - a terminal update that rolls back announces nothing and the caller
 #     sleeps on; the same update committed answers it;
@@ -47,7 +48,7 @@ sub start_caller {
 sub finish_callers {
 	my (@callers) = @_;
 	my $all_ended = wait_for('every caller to be answered', 60, sub {
-		!grep { $_->{handle}->pump_nb; $_->{handle}->pumpable } @callers });
+		!grep { still_running($_->{handle}) } @callers });
 	for my $c (@callers) {
 		$c->{handle}->kill_kill(grace => 1) if $c->{handle}->pumpable;
 		$c->{handle}->finish;
@@ -72,6 +73,12 @@ my @racers = map {
 release_gate($node, $gate, 50);
 ok(wait_for('50 callers asleep in await_billing', 60, sub { sleeping_callers() == 50 }),
 	'all 50 callers wait, asleep in the condition variable (wait_event Extension)');
+# PostgreSQL 17 and later show billguard's own name for the wait.
+my $wait_event = $node->pg_version >= 17 ? 'BillguardTerminalCommit' : 'Extension';
+is(q1($node, q{
+	SELECT string_agg(DISTINCT wait_event, ',') FROM pg_stat_activity
+	 WHERE query LIKE '%await_billing%' AND pid <> pg_backend_pid()}), $wait_event,
+	"pg_stat_activity names their wait $wait_event");
 is($emulator->stats->{requests} // 0, 0, 'nothing was sent while they waited: the dispatcher is paused');
 reload_with($node, api_key_file => $key_file);
 ok(finish_callers(@racers), 'every caller is answered once the dispatcher resumes and commits');
@@ -106,8 +113,7 @@ q1($node, q{
 	ROLLBACK;});
 is(q1($node, "SELECT billguard.terminal_commits('cust_000002', '2026-08')"), $commits,
 	'a terminal update that rolls back announces nothing');
-$caller->{handle}->pump_nb;
-ok($caller->{handle}->pumpable && sleeping_callers() == 1, 'and the caller sleeps on');
+ok(still_running($caller->{handle}) && sleeping_callers() == 1, 'and the caller sleeps on');
 q1($node, q{
 	UPDATE billguard.billing_records SET status = 'completed', charge_id = 'pi_committed'
 	 WHERE customer_id = 'cust_000002' AND billing_period = '2026-08'});

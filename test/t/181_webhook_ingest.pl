@@ -315,7 +315,9 @@ my $log = slurp_file($node->logfile);
 unlike($log, qr/\Q$secret\E|\Q$old_secret\E/, 'neither secret is in the server log (log_statement = all, debug1)');
 q1($node, 'CREATE ROLE t181_reader LOGIN');
 ($rc, $out, $err) = $node->psql('postgres', 'SHOW billguard.webhook_secret_file', extra_params => [ '-U', 't181_reader' ]);
-like($err, qr/ERROR:  must be superuser.* to examine "billguard.webhook_secret_file"/,
+# 16 reworded it: "permission denied to examine" (15: "must be superuser or
+# have privileges of pg_read_all_settings to examine").
+like($err, qr/ERROR:  (?:must be superuser.*|permission denied) to examine "billguard.webhook_secret_file"/,
 	'a non-superuser cannot SHOW the secret file\'s path');
 is($node->safe_psql('postgres', q{SELECT count(*) FROM pg_settings WHERE name = 'billguard.webhook_secret_file'},
 	extra_params => [ '-U', 't181_reader' ]), '0', 'nor find it in pg_settings');

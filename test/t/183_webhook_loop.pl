@@ -76,7 +76,7 @@ is(event_types($node, 'cust_000001', '2026-08', 'effect'),
 is(effects('cust_000001'), 'payment_intent.succeeded=completed charge.succeeded=confirmed',
 	'stripe_events holds both (payment_intent.created is ignored)');
 is($emulator->stats->{requests}, $requests, 'the dispatcher sent nothing more: no search, no second charge');
-ok(wait_for('the waiting caller', 30, sub { $waiter->{handle}->pump_nb; !$waiter->{handle}->pumpable }),
+ok(wait_for('the waiting caller', 30, sub { !still_running($waiter->{handle}) }),
 	'the caller in await_billing is answered by the webhook\'s commit');
 $waiter->{handle}->finish;
 is($waiter->{out}, "completed|$charges->[0]{id}\n", '... with the charge');

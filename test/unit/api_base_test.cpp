@@ -2,6 +2,7 @@
 // TAP: every spelling that could make libcurl send the key in clear text to a
 // host that is not loopback is refused, with a reason.
 #include <string>
+#include <vector>
 
 #include "api_base.hpp"
 
@@ -15,12 +16,22 @@ void Accepted(const std::string& url, const std::string& why) {
   if (!error.empty()) std::printf("#   refused: %s\n", error.c_str());
 }
 
-void Refused(const std::string& url, const std::string& reason_part, const std::string& why) {
+// Refused, with a reason that contains one of reason_parts: where libcurl
+// versions parse a URL differently, each refuses it for its own reason.
+void RefusedForEither(const std::string& url, const std::vector<std::string>& reason_parts,
+                      const std::string& why) {
   const std::string error = billguard::ApiBaseError(url);
-  tap::Ok(error.find(reason_part) != std::string::npos, "refused: " + url + " (" + why + ")");
-  if (error.find(reason_part) == std::string::npos)
+  bool found = false;
+  for (const auto& part : reason_parts) found = found || error.find(part) != std::string::npos;
+  tap::Ok(!error.empty() && found, "refused: " + url + " (" + why + ")");
+  if (!found) {
     std::printf("#   reason: '%s', expected it to contain '%s'\n", error.c_str(),
-                reason_part.c_str());
+                reason_parts.front().c_str());
+  }
+}
+
+void Refused(const std::string& url, const std::string& reason_part, const std::string& why) {
+  RefusedForEither(url, {reason_part}, why);
 }
 
 }  // namespace
@@ -47,7 +58,10 @@ int main() {
   Refused("http://127.evil.com", "loopback", "a name that starts with 127.");
   Refused("http://127.0.0.1.nip.io", "loopback", "a longer name");
   Refused("http://localhost.", "loopback", "a trailing dot");
-  Refused("http://127.0.0.1.", "loopback", "an IPv4 address with a trailing dot");
+  // Newer libcurl (forky's) drops the dot after an IPv4 address, so that
+  // the URL is not as libcurl writes it.
+  RefusedForEither("http://127.0.0.1.", {"loopback", "as libcurl writes it: http://127.0.0.1."},
+                   "an IPv4 address with a trailing dot");
   Refused("http://LOCALHOST", "loopback", "localhost in capitals (not certain)");
   Refused("http://[::ffff:127.0.0.1]", "loopback", "an IPv4-mapped IPv6 address");
   Refused("http://10.0.0.1", "loopback", "a private address is still a network");
@@ -67,9 +81,11 @@ int main() {
   Refused("http://127.0.0.1:", "as libcurl writes it", "an empty port");
   Refused("http://127.0.0.1:080", "as libcurl writes it", "a port with a leading zero");
   Refused("http://127.0.0.1/a/../b", "as libcurl writes it", "dot segments in the path");
-  Refused("http://127.0.0.1#", "as libcurl writes it", "an empty fragment");
 
   Refused("http://[::1%25lo]", "zone id", "an IPv6 zone id");
+  // The same reason whether libcurl keeps an empty query or fragment or
+  // drops it when it parses (bookworm's drops '#', trixie's both).
+  Refused("http://127.0.0.1#", "query or a fragment", "an empty fragment");
   Refused("http://127.0.0.1?", "query or a fragment", "an empty query");
   Refused("http://127.0.0.1?x=1", "query or a fragment", "a query");
   Refused("https://api.stripe.com#x", "query or a fragment", "a fragment");
