@@ -2,15 +2,15 @@
 // launcher, which starts the dispatchers.
 #include <cstring>
 
-#include "api_base.hpp"
+#include "common/api_base.hpp"
 
-#include "dispatcher_wakeup.hpp"
-#include "history_guard.hpp"
-#include "launcher.hpp"
+#include "workers/dispatcher_wakeup.hpp"
+#include "functions/history_guard.hpp"
+#include "workers/launcher.hpp"
 #include "module.hpp"
-#include "pg_compat.hpp"
-#include "shared_state.hpp"
-#include "terminal_wakeups.hpp"
+#include "postgres/pg_compat.hpp"
+#include "postgres/shared_state.hpp"
+#include "functions/terminal_wakeups.hpp"
 
 extern "C" {
 #include "postgres.h"
