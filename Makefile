@@ -18,12 +18,12 @@ OBJS = \
 	extension/module.o \
 	extension/functions/await_billing.o \
 	extension/functions/charge_request.o \
-	extension/functions/customer_id.o \
 	extension/functions/dispatcher_status.o \
 	extension/functions/history_guard.o \
 	extension/functions/idempotency_key.o \
+	extension/functions/is_valid_customer_id.o \
 	extension/functions/journal_events.o \
-	extension/functions/random_text.o \
+	extension/functions/random_base62.o \
 	extension/functions/scheduler_settings.o \
 	extension/functions/stripe_webhook_signature.o \
 	extension/functions/terminal_wakeups.o \

@@ -7,7 +7,7 @@
 #include <functional>
 #include <string>
 
-#include "http_message.hpp"
+#include "http_exchange.hpp"
 
 namespace stripe_emulator {
 

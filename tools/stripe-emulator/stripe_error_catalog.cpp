@@ -1,4 +1,4 @@
-#include "stripe_errors.hpp"
+#include "stripe_error_catalog.hpp"
 
 #include "json.hpp"
 

@@ -1,4 +1,4 @@
-#include "command_line.hpp"
+#include "emulator_command_line.hpp"
 
 namespace stripe_emulator {
 

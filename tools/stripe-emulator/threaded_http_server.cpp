@@ -1,4 +1,4 @@
-#include "http_server.hpp"
+#include "threaded_http_server.hpp"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -20,7 +20,7 @@
 
 #include "http_request_parser.hpp"
 #include "random_ids.hpp"
-#include "stripe_errors.hpp"
+#include "stripe_error_catalog.hpp"
 
 namespace stripe_emulator {
 

@@ -1,4 +1,4 @@
-#include "ledger.hpp"
+#include "object_ledger.hpp"
 
 namespace stripe_emulator {
 
