@@ -11,11 +11,7 @@
 #include "common/stripe_request.hpp"
 
 #include "postgres/sql_values.hpp"
-
-extern "C" {
-PG_FUNCTION_INFO_V1(billguard_charge_request_body);
-PG_FUNCTION_INFO_V1(billguard_charge_request_body_v2);
-}
+#include "postgres/sql_function.hpp"
 
 namespace {
 
@@ -23,34 +19,32 @@ namespace {
 //  currency, stripe_customer, payment_method) -> text; payment_method may be
 // NULL, nothing else may.
 Datum ChargeRequestBody(FunctionCallInfo fcinfo, billguard::ChargeForm form) {
-  return billguard::GuardedCall("charge_request_body", [&]() -> Datum {
-    for (int i = 0; i < 7; ++i) {
-      if (PG_ARGISNULL(i)) {
-        throw billguard::InvalidParameter("charge_request_body: argument " + std::to_string(i + 1) +
-                                          " must not be NULL");
-      }
+  for (int i = 0; i < 7; ++i) {
+    if (PG_ARGISNULL(i)) {
+      throw billguard::InvalidParameter("charge_request_body: argument " + std::to_string(i + 1) +
+                                        " must not be NULL");
     }
-    using billguard::TextArgument;
-    billguard::ChargeRecord record;
-    record.idempotency_key = TextArgument(fcinfo, 1);
-    record.customer_id = TextArgument(fcinfo, 2);
-    record.billing_period = TextArgument(fcinfo, 3);
-    record.amount_cents = PG_GETARG_INT64(4);
-    record.currency = TextArgument(fcinfo, 5);
-    record.stripe_customer = TextArgument(fcinfo, 6);
-    if (!PG_ARGISNULL(7)) record.payment_method = TextArgument(fcinfo, 7);
-    const std::string endpoint(TextArgument(fcinfo, 0));
-    return billguard::TextDatum(
-        billguard::FormEncode(billguard::ChargeFields(record, endpoint, form)));
-  });
+  }
+  using billguard::TextArgument;
+  billguard::ChargeRecord record;
+  record.idempotency_key = TextArgument(fcinfo, 1);
+  record.customer_id = TextArgument(fcinfo, 2);
+  record.billing_period = TextArgument(fcinfo, 3);
+  record.amount_cents = PG_GETARG_INT64(4);
+  record.currency = TextArgument(fcinfo, 5);
+  record.stripe_customer = TextArgument(fcinfo, 6);
+  if (!PG_ARGISNULL(7)) record.payment_method = TextArgument(fcinfo, 7);
+  const std::string endpoint(TextArgument(fcinfo, 0));
+  return billguard::TextDatum(
+      billguard::FormEncode(billguard::ChargeFields(record, endpoint, form)));
 }
 
 }  // namespace
 
-extern "C" Datum billguard_charge_request_body(PG_FUNCTION_ARGS) {
+BILLGUARD_SQL_FUNCTION(charge_request_body) {
   return ChargeRequestBody(fcinfo, billguard::ChargeForm::kRelease010);
 }
 
-extern "C" Datum billguard_charge_request_body_v2(PG_FUNCTION_ARGS) {
+BILLGUARD_SQL_FUNCTION(charge_request_body_v2) {
   return ChargeRequestBody(fcinfo, billguard::ChargeForm::kOffSession);
 }

@@ -18,6 +18,7 @@
 #include "functions/history_guard.hpp"
 
 #include "postgres/pg_boundary.hpp"
+#include "postgres/sql_function.hpp"
 
 extern "C" {
 #include "access/relscan.h"
@@ -32,8 +33,6 @@ extern "C" {
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
-
-PG_FUNCTION_INFO_V1(billguard_protect_history);
 }
 
 namespace billguard {
@@ -98,18 +97,16 @@ void InstallHistoryGuard() {
 
 // Event trigger function billguard.protect_history(), at ddl_command_start
 // of every DROP: installs the guard in this session and names the command.
-extern "C" Datum billguard_protect_history(PG_FUNCTION_ARGS) {
-  return billguard::GuardedCall("protect_history", [&]() -> Datum {
-    billguard::CallPostgres([&] {
-      if (!CALLED_AS_EVENT_TRIGGER(fcinfo)) {
-        ereport(ERROR, (errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-                        errmsg("billguard.protect_history() is an event trigger function")));
-      }
-      const auto* event = reinterpret_cast<EventTriggerData*>(fcinfo->context);
-      billguard::NameCurrentCommand(GetCommandTagName(event->tag));
-      billguard::InstallHistoryGuard();
-    });
-    fcinfo->isnull = true;
-    return Datum(0);
+BILLGUARD_SQL_FUNCTION(protect_history) {
+  billguard::CallPostgres([&] {
+    if (!CALLED_AS_EVENT_TRIGGER(fcinfo)) {
+      ereport(ERROR, (errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+                      errmsg("billguard.protect_history() is an event trigger function")));
+    }
+    const auto* event = reinterpret_cast<EventTriggerData*>(fcinfo->context);
+    billguard::NameCurrentCommand(GetCommandTagName(event->tag));
+    billguard::InstallHistoryGuard();
   });
+  fcinfo->isnull = true;
+  return Datum(0);
 }

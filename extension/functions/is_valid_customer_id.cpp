@@ -5,11 +5,10 @@
 #include "common/customer_id.hpp"
 
 #include "postgres/sql_values.hpp"
+#include "postgres/sql_function.hpp"
 
 extern "C" {
 #include "mb/pg_wchar.h"
-
-PG_FUNCTION_INFO_V1(billguard_is_valid_customer_id);
 }
 
 namespace {
@@ -26,12 +25,10 @@ bool IsNfc(Datum customer_id) {
 }  // namespace
 
 // IMMUTABLE STRICT PARALLEL SAFE: a database's encoding never changes.
-extern "C" Datum billguard_is_valid_customer_id(PG_FUNCTION_ARGS) {
-  return billguard::GuardedCall("is_valid_customer_id", [&]() -> Datum {
-    const bool unicode = GetDatabaseEncoding() == PG_UTF8;
-    const bool valid = billguard::IsValidCustomerIdText(
-        billguard::TextArgument(fcinfo, 0), unicode ? billguard::CustomerIdCharset::kUnicode
-                                                    : billguard::CustomerIdCharset::kAsciiOnly);
-    return BoolGetDatum(valid && (!unicode || IsNfc(PG_GETARG_DATUM(0))));
-  });
+BILLGUARD_SQL_FUNCTION(is_valid_customer_id) {
+  const bool unicode = GetDatabaseEncoding() == PG_UTF8;
+  const bool valid = billguard::IsValidCustomerIdText(
+      billguard::TextArgument(fcinfo, 0),
+      unicode ? billguard::CustomerIdCharset::kUnicode : billguard::CustomerIdCharset::kAsciiOnly);
+  return BoolGetDatum(valid && (!unicode || IsNfc(PG_GETARG_DATUM(0))));
 }

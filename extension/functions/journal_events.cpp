@@ -3,6 +3,7 @@
 // jsonb directly avoids jsonb_build_object's per-call type lookups.
 #include "postgres/pg_boundary.hpp"
 #include "postgres/pg_compat.hpp"
+#include "postgres/sql_function.hpp"
 
 extern "C" {
 #include "catalog/pg_type_d.h"
@@ -13,8 +14,6 @@ extern "C" {
 #include "mb/pg_wchar.h"
 #include "utils/numeric.h"
 #include "utils/datetime.h"
-
-PG_FUNCTION_INFO_V1(billguard_billing_initiated_event);
 }
 
 namespace {
@@ -73,20 +72,14 @@ Datum BuildBillingInitiated(FunctionCallInfo fcinfo) {
 
 // billguard.billing_initiated_event(customer_id, billing_period, idempotency_key,
 //   amount_cents, currency, initiated_at, request_id DEFAULT NULL) -> jsonb
-extern "C" Datum billguard_billing_initiated_event(PG_FUNCTION_ARGS) {
-  return billguard::GuardedCall("billing_initiated_event", [&]() -> Datum {
-    return billguard::CallPostgres([&] { return BuildBillingInitiated(fcinfo); });
-  });
+BILLGUARD_SQL_FUNCTION(billing_initiated_event) {
+  return billguard::CallPostgres([&] { return BuildBillingInitiated(fcinfo); });
 }
 
 // billguard.is_json(text) -> boolean of 0.1.0, which parsed Stripe's answers
 // in SQL. 0.2.0 reads them in C++ (common/stripe_response.cpp) and drops the
 // function; the symbol stays for 0.1.0's install script and for databases
 // still at 0.1.0.
-extern "C" {
-PG_FUNCTION_INFO_V1(billguard_is_json);
-}
-
 namespace {
 
 Datum IsJson(FunctionCallInfo fcinfo) {
@@ -98,8 +91,6 @@ Datum IsJson(FunctionCallInfo fcinfo) {
 
 }  // namespace
 
-extern "C" Datum billguard_is_json(PG_FUNCTION_ARGS) {
-  return billguard::GuardedCall("is_json", [&]() -> Datum {
-    return billguard::CallPostgres([&] { return IsJson(fcinfo); });
-  });
+BILLGUARD_SQL_FUNCTION(is_json) {
+  return billguard::CallPostgres([&] { return IsJson(fcinfo); });
 }

@@ -3,21 +3,16 @@
 #include "common/random_text.hpp"
 
 #include "postgres/sql_values.hpp"
-
-extern "C" {
-PG_FUNCTION_INFO_V1(billguard_random_base62);
-}
+#include "postgres/sql_function.hpp"
 
 // VOLATILE STRICT; at most 1024 characters, a secret is 32.
-extern "C" Datum billguard_random_base62(PG_FUNCTION_ARGS) {
-  return billguard::GuardedCall("random_base62", [&]() -> Datum {
-    const int32 length = PG_GETARG_INT32(0);
-    if (length < 1 || length > 1024) {
-      throw billguard::InvalidParameter("length must be 1..1024, got " + std::to_string(length));
-    }
-    const std::string text = billguard::RandomBase62(
-        static_cast<std::size_t>(length),
-        [](unsigned char* bytes, std::size_t size) { return pg_strong_random(bytes, size); });
-    return billguard::TextDatum(text);
-  });
+BILLGUARD_SQL_FUNCTION(random_base62) {
+  const int32 length = PG_GETARG_INT32(0);
+  if (length < 1 || length > 1024) {
+    throw billguard::InvalidParameter("length must be 1..1024, got " + std::to_string(length));
+  }
+  const std::string text = billguard::RandomBase62(
+      static_cast<std::size_t>(length),
+      [](unsigned char* bytes, std::size_t size) { return pg_strong_random(bytes, size); });
+  return billguard::TextDatum(text);
 }

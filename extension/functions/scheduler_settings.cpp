@@ -4,6 +4,7 @@
 // the settings defined rather than an unrecognized parameter.
 #include "module.hpp"
 #include "postgres/pg_boundary.hpp"
+#include "postgres/sql_function.hpp"
 
 extern "C" {
 #include "access/htup_details.h"
@@ -11,8 +12,6 @@ extern "C" {
 #include "funcapi.h"
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
-
-PG_FUNCTION_INFO_V1(billguard_scheduler_settings);
 }
 
 namespace {
@@ -41,8 +40,6 @@ Datum BuildSchedulerSettings(FunctionCallInfo fcinfo) {
 
 }  // namespace
 
-extern "C" Datum billguard_scheduler_settings(PG_FUNCTION_ARGS) {
-  return billguard::GuardedCall("scheduler_settings", [&]() -> Datum {
-    return billguard::CallPostgres([&] { return BuildSchedulerSettings(fcinfo); });
-  });
+BILLGUARD_SQL_FUNCTION(scheduler_settings) {
+  return billguard::CallPostgres([&] { return BuildSchedulerSettings(fcinfo); });
 }

@@ -11,10 +11,7 @@
 
 #include "module.hpp"
 #include "postgres/sql_values.hpp"
-
-extern "C" {
-PG_FUNCTION_INFO_V1(billguard_verify_stripe_signature);
-}
+#include "postgres/sql_function.hpp"
 
 namespace {
 
@@ -37,17 +34,14 @@ namespace {
 // Raises 22023 for a delivery Stripe did not sign (no matching v1
 // signature, a malformed header, a timestamp beyond five minutes), 55000
 // when no usable secret is configured; returns nothing otherwise.
-extern "C" Datum billguard_verify_stripe_signature(PG_FUNCTION_ARGS) {
-  return billguard::GuardedCall("verify_stripe_signature", [&]() -> Datum {
-    if (PG_ARGISNULL(1))
-      throw billguard::InvalidParameter("the Stripe-Signature header is missing");
-    if (PG_ARGISNULL(0)) throw billguard::InvalidParameter("payload must not be NULL");
-    const billguard::WebhookSecretResult secret =
-        billguard::LoadWebhookSecret(billguard::settings::webhook_secret_file);
-    if (!secret.error.empty()) CannotVerify(secret.error);
-    billguard::VerifyStripeSignature(billguard::TextArgument(fcinfo, 0),
-                                     billguard::TextArgument(fcinfo, 1), secret.secret,
-                                     static_cast<std::int64_t>(std::time(nullptr)));
-    PG_RETURN_VOID();
-  });
+BILLGUARD_SQL_FUNCTION(verify_stripe_signature) {
+  if (PG_ARGISNULL(1)) throw billguard::InvalidParameter("the Stripe-Signature header is missing");
+  if (PG_ARGISNULL(0)) throw billguard::InvalidParameter("payload must not be NULL");
+  const billguard::WebhookSecretResult secret =
+      billguard::LoadWebhookSecret(billguard::settings::webhook_secret_file);
+  if (!secret.error.empty()) CannotVerify(secret.error);
+  billguard::VerifyStripeSignature(billguard::TextArgument(fcinfo, 0),
+                                   billguard::TextArgument(fcinfo, 1), secret.secret,
+                                   static_cast<std::int64_t>(std::time(nullptr)));
+  PG_RETURN_VOID();
 }

@@ -3,6 +3,7 @@
 #include "postgres/pg_compat.hpp"
 #include "functions/terminal_wakeups.hpp"
 #include "postgres/wait_events.hpp"
+#include "postgres/sql_function.hpp"
 
 extern "C" {
 #include "access/htup_details.h"
@@ -18,8 +19,6 @@ extern "C" {
 #include "storage/shmem.h"
 #include "utils/timestamp.h"
 #include "utils/wait_event.h"
-
-PG_FUNCTION_INFO_V1(billguard_announce_terminal_status);
 }
 
 namespace billguard {
@@ -167,9 +166,7 @@ bool AwaitTerminalCommit(std::string_view customer_id, std::string_view billing_
 
 // BEFORE UPDATE OF status trigger billing_records_terminal_wakeup, fired
 // (its WHEN clause says) only when a record moves to a terminal status.
-extern "C" Datum billguard_announce_terminal_status(PG_FUNCTION_ARGS) {
-  return billguard::GuardedCall("announce_terminal_status", [&]() -> Datum {
-    billguard::CallPostgres([&] { billguard::RememberSlotOfNewRow(fcinfo); });
-    return PointerGetDatum(reinterpret_cast<TriggerData*>(fcinfo->context)->tg_newtuple);
-  });
+BILLGUARD_SQL_FUNCTION(announce_terminal_status) {
+  billguard::CallPostgres([&] { billguard::RememberSlotOfNewRow(fcinfo); });
+  return PointerGetDatum(reinterpret_cast<TriggerData*>(fcinfo->context)->tg_newtuple);
 }

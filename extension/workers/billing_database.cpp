@@ -5,12 +5,11 @@
 #include "postgres/pg_boundary.hpp"
 #include "postgres/shared_state.hpp"
 #include "postgres/spi_transaction.hpp"
+#include "postgres/sql_function.hpp"
 
 extern "C" {
 #include "miscadmin.h"
 #include "utils/guc.h"
-
-PG_FUNCTION_INFO_V1(billguard_created_by_restore);
 }
 
 namespace billguard {
@@ -63,6 +62,6 @@ void ForgetCreateExtensionSession() {
 // billguard.created_by_restore(): whether the CREATE EXTENSION billguard
 // running now is part of a restore (see NoteCreateExtensionSession); false
 // without preloading, when no dispatcher could bill during the restore.
-extern "C" Datum billguard_created_by_restore(PG_FUNCTION_ARGS) {
+BILLGUARD_SQL_FUNCTION(created_by_restore) {
   PG_RETURN_BOOL(billguard::creating_in_restore);
 }
