@@ -43,7 +43,8 @@ OBJS = \
 	extension/postgres/shared_state.o \
 	extension/postgres/spi_transaction.o \
 	extension/postgres/wait_events.o \
-	extension/settings/dispatcher_settings.o
+	extension/settings/dispatcher_settings.o \
+	extension/settings/settings.o
 
 # SQL: each function and view is written once per version that changed it,
 # sql/udfs/<name>/<version>.sql (sql/views/<name>/ for a view) as that

@@ -2,7 +2,7 @@
 // billguard.key_namespace() (the default namespace) and
 // billguard.is_billing_period(text).
 #include "common/key_derivation.hpp"
-#include "module.hpp"
+#include "settings/settings.hpp"
 #include "postgres/sql_values.hpp"
 #include "postgres/sql_function.hpp"
 

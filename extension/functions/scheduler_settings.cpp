@@ -2,7 +2,7 @@
 // now, for the SQL that computes its calendar (sql/install/57_scheduler.sql).
 // A C function, so that a session that has not loaded billguard yet gets
 // the settings defined rather than an unrecognized parameter.
-#include "module.hpp"
+#include "settings/settings.hpp"
 #include "postgres/pg_boundary.hpp"
 #include "postgres/sql_function.hpp"
 

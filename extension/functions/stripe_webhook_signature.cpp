@@ -9,7 +9,7 @@
 #include "common/stripe_signature.hpp"
 #include "common/webhook_secret.hpp"
 
-#include "module.hpp"
+#include "settings/settings.hpp"
 #include "postgres/sql_values.hpp"
 #include "postgres/sql_function.hpp"
 

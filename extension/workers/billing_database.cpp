@@ -1,7 +1,7 @@
 // Whether this database bills its history (see billing_database.hpp).
 #include "workers/billing_database.hpp"
 
-#include "module.hpp"
+#include "settings/settings.hpp"
 #include "postgres/pg_boundary.hpp"
 #include "postgres/shared_state.hpp"
 #include "postgres/spi_transaction.hpp"

@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
-#include "module.hpp"
+#include "settings/settings.hpp"
 #include "postgres/spi_transaction.hpp"
 
 namespace billguard {

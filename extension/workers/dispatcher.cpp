@@ -23,7 +23,7 @@
 #include "workers/dispatcher.hpp"
 #include "settings/dispatcher_settings.hpp"
 #include "workers/lock_waits.hpp"
-#include "module.hpp"
+#include "settings/settings.hpp"
 #include "postgres/pg_boundary.hpp"
 #include "workers/scheduler.hpp"
 #include "postgres/shared_state.hpp"

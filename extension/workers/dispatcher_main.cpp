@@ -12,7 +12,7 @@
 #include "postgres/shared_state.hpp"
 #include "postgres/wait_events.hpp"
 
-#include "module.hpp"
+#include "settings/settings.hpp"
 
 extern "C" {
 #include "access/xact.h"

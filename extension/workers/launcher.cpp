@@ -17,7 +17,7 @@
 #include "postgres/pg_boundary.hpp"
 #include "workers/dispatcher_main.hpp"
 #include "workers/launcher.hpp"
-#include "module.hpp"
+#include "settings/settings.hpp"
 #include "workers/served_databases.hpp"
 #include "postgres/shared_state.hpp"
 #include "postgres/wait_events.hpp"

@@ -4,7 +4,7 @@
 
 #include "settings/dispatcher_settings.hpp"
 #include "workers/lock_waits.hpp"
-#include "module.hpp"
+#include "settings/settings.hpp"
 #include "postgres/pg_boundary.hpp"
 #include "workers/scheduler.hpp"
 #include "postgres/spi_transaction.hpp"

@@ -2,7 +2,7 @@
 #include "postgres/pg_boundary.hpp"
 #include "workers/served_databases.hpp"
 
-#include "module.hpp"
+#include "settings/settings.hpp"
 
 extern "C" {
 #include "access/heapam.h"

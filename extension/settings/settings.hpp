@@ -1,4 +1,5 @@
-// Module-wide state: the extension's settings (GUCs), defined in module.cpp.
+// The extension's settings (GUCs, billguard.*): the variables every part
+// reads, defined with their defaults and checks in settings.cpp.
 #pragma once
 
 namespace billguard::settings {
@@ -8,7 +9,7 @@ extern char* key_namespace;
 // billguard.snapshot_every: append_event() snapshots every N events.
 extern int snapshot_every;
 
-// The dispatcher's settings; see module.cpp for their meaning and defaults.
+// The dispatcher's settings; see settings.cpp for their meaning and defaults.
 extern char* database;
 extern char* api_base;
 extern char* api_key_file;
@@ -27,7 +28,7 @@ extern int search_settle_delay_s;
 extern char* vault_issuer_token_file;
 extern double vault_cap_headroom;
 
-// The scheduler's settings (module.cpp; read by scheduler.cpp and
+// The scheduler's settings (settings.cpp; read by scheduler.cpp and
 // scheduler_settings.cpp).
 enum AutoBill { kAutoBillOff = 0, kAutoBillMonthly = 1 };
 extern int auto_bill;
@@ -41,3 +42,11 @@ extern char* scheduler_now;  // test-only: "" is the clock
 extern char* webhook_secret_file;
 
 }  // namespace billguard::settings
+
+namespace billguard {
+
+// Defines every billguard.* setting and reserves the prefix; _PG_init's
+// first step, in every process that loads the library.
+void DefineSettings();
+
+}  // namespace billguard
