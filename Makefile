@@ -4,7 +4,8 @@
 #                             on every supported PostgreSQL major (or one)
 #   make demo                 a throwaway cluster billing a real period end to end
 #   make bench                benchmarks, each printed as a ratio to its baseline
-#   make check-style          the house rules: clang-format, no PostgreSQL in common/
+#   make check-style          the house rules: clang-format, no PostgreSQL in common/,
+#                             no two source files of one name
 #   make check-sql            the house rules of sql/: each function written once (test/check-sql.pl)
 
 EXTENSION  = billguard

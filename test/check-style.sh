@@ -29,5 +29,13 @@ if [ -n "$duplicates" ]; then
   echo "$duplicates"
   status=1
 fi
+# The extension names common/'s headers "common/<name>.hpp", as PostgreSQL
+# names its own "common/<name>.h" (common/jsonapi.h): a .h file in common/
+# would take the place of PostgreSQL's header of that name.
+if git ls-files -co --exclude-standard -- 'common/*.h' | grep -q .; then
+  echo "common/ holds a .h file, which would shadow PostgreSQL's common/ header of that name:"
+  git ls-files -co --exclude-standard -- 'common/*.h'
+  status=1
+fi
 [ $status -eq 0 ] && echo "style: ${#sources[@]} C++ files match .clang-format; common/ is pure C++; no two source files share a name"
 exit $status
