@@ -4,7 +4,8 @@
 #                             on every supported PostgreSQL major (or one)
 #   make demo                 a throwaway cluster billing a real period end to end
 #   make bench                benchmarks, each printed as a ratio to its baseline
-#   make check-style          the house rules: clang-format, no PostgreSQL in common/
+#   make check-style          the house rules: clang-format, no PostgreSQL in common/,
+#                             no two source files of one name
 #   make check-sql            the house rules of sql/: each function written once (test/check-sql.pl)
 
 EXTENSION  = billguard
@@ -13,36 +14,38 @@ EXTENSION  = billguard
 EXTVERSION = 0.3.0
 
 MODULE_big = billguard
+# extension/ by role; module.cpp is _PG_init.
 OBJS = \
 	extension/module.o \
-	extension/pg_boundary.o \
-	extension/shared_state.o \
-	extension/dispatcher_wakeup.o \
-	extension/served_databases.o \
-	extension/launcher.o \
-	extension/idempotency_key.o \
-	extension/customer_id.o \
-	extension/history_guard.o \
-	extension/journal_events.o \
-	extension/charge_request.o \
-	extension/spi_transaction.o \
-	extension/dispatch_queue.o \
-	extension/vault_credentials.o \
-	extension/dispatcher.o \
-	extension/dispatcher_main.o \
-	extension/dispatcher_settings.o \
-	extension/lock_waits.o \
-	extension/billing_database.o \
-	extension/database_statements.o \
-	extension/history_probe.o \
-	extension/dispatcher_status.o \
-	extension/scheduler_settings.o \
-	extension/scheduler.o \
-	extension/terminal_wakeups.o \
-	extension/await_billing.o \
-	extension/stripe_webhook_signature.o \
-	extension/random_text.o \
-	extension/wait_events.o
+	extension/functions/await_billing.o \
+	extension/functions/charge_request.o \
+	extension/functions/dispatcher_status.o \
+	extension/functions/history_guard.o \
+	extension/functions/idempotency_key.o \
+	extension/functions/is_valid_customer_id.o \
+	extension/functions/journal_events.o \
+	extension/functions/random_base62.o \
+	extension/functions/scheduler_settings.o \
+	extension/functions/stripe_webhook_signature.o \
+	extension/functions/terminal_wakeups.o \
+	extension/workers/billing_database.o \
+	extension/workers/database_statements.o \
+	extension/workers/dispatch_queue.o \
+	extension/workers/dispatcher.o \
+	extension/workers/dispatcher_main.o \
+	extension/workers/dispatcher_wakeup.o \
+	extension/workers/history_probe.o \
+	extension/workers/launcher.o \
+	extension/workers/lock_waits.o \
+	extension/workers/scheduler.o \
+	extension/workers/served_databases.o \
+	extension/workers/vault_credentials.o \
+	extension/postgres/pg_boundary.o \
+	extension/postgres/shared_state.o \
+	extension/postgres/spi_transaction.o \
+	extension/postgres/wait_events.o \
+	extension/settings/dispatcher_settings.o \
+	extension/settings/settings.o
 
 # SQL: each function and view is written once per version that changed it,
 # sql/udfs/<name>/<version>.sql (sql/views/<name>/ for a view) as that
@@ -64,7 +67,10 @@ DATA_built    = sql/billguard--$(EXTVERSION).sql $(SQL_TEMPLATES:.sql.in=.sql)
 WARNINGS    = -Wall -Wextra -Werror
 PG_CXXFLAGS = -std=c++17 -fno-omit-frame-pointer $(WARNINGS) -Wno-register -Wno-missing-field-initializers
 # PostgreSQL's headers are system headers to us: -Werror applies to our code.
-PG_CPPFLAGS = -isystem $(shell $(PG_CONFIG) --includedir-server) -Iextension -Icommon \
+# An include names our header by its folder: the extension's own from
+# extension/ ("postgres/pg_boundary.hpp"), the shared C++ from the
+# repository ("common/sha256.hpp").
+PG_CPPFLAGS = -isystem $(shell $(PG_CONFIG) --includedir-server) -Iextension -I. \
 	-DEXTVERSION=\"$(EXTVERSION)\"
 SHLIB_LINK  = .build/common/libbillguard_common.a -lcurl -lcrypto -lstdc++
 
@@ -115,7 +121,7 @@ $(shlib): .build/common/libbillguard_common.a
 # PGXS tracks no header of the extension's objects: a changed header of
 # common/ or extension/ rebuilds them all, so no object is linked with
 # another's idea of a struct.
-$(OBJS): $(wildcard common/*.hpp extension/*.hpp)
+$(OBJS): $(wildcard common/*.hpp extension/*.hpp extension/*/*.hpp)
 # Nor does it track EXTVERSION, which the library compiles in (the schema
 # version its dispatcher waits for): a stamp that changes with it rebuilds
 # the objects, so that no build pairs a new schema with an old library.

@@ -4,7 +4,7 @@
 
 #include "json.hpp"
 #include "random_ids.hpp"
-#include "stripe_errors.hpp"
+#include "stripe_error_catalog.hpp"
 #include "webhook_events.hpp"
 
 namespace stripe_emulator {

@@ -16,7 +16,7 @@
 #pragma once
 
 #include "emulator_state.hpp"
-#include "http_message.hpp"
+#include "http_exchange.hpp"
 
 namespace stripe_emulator {
 

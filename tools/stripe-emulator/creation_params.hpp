@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "form_decoding.hpp"
-#include "stripe_errors.hpp"
+#include "stripe_error_catalog.hpp"
 #include "stripe_objects.hpp"
 
 namespace stripe_emulator {

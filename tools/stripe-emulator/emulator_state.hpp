@@ -9,7 +9,7 @@
 
 #include "fault_injector.hpp"
 #include "idempotency_store.hpp"
-#include "ledger.hpp"
+#include "object_ledger.hpp"
 #include "rate_limiter.hpp"
 #include "stats.hpp"
 #include "webhook_sender.hpp"

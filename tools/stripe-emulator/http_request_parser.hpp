@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-#include "http_message.hpp"
+#include "http_exchange.hpp"
 
 namespace stripe_emulator {
 

@@ -8,9 +8,9 @@
 #include <string>
 #include <thread>
 
-#include "command_line.hpp"
+#include "emulator_command_line.hpp"
 #include "emulator_state.hpp"
-#include "http_server.hpp"
+#include "threaded_http_server.hpp"
 #include "request_router.hpp"
 
 using namespace stripe_emulator;

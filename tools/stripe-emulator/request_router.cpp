@@ -1,6 +1,6 @@
 #include "request_router.hpp"
 
-#include "stripe_errors.hpp"
+#include "stripe_error_catalog.hpp"
 
 namespace stripe_emulator {
 

@@ -3,7 +3,7 @@
 
 #include "control_api.hpp"
 #include "emulator_state.hpp"
-#include "http_message.hpp"
+#include "http_exchange.hpp"
 #include "stripe_api.hpp"
 
 namespace stripe_emulator {

@@ -9,8 +9,8 @@
 
 #include "emulator_state.hpp"
 #include "form_decoding.hpp"
-#include "http_message.hpp"
-#include "stripe_errors.hpp"
+#include "http_exchange.hpp"
+#include "stripe_error_catalog.hpp"
 
 namespace stripe_emulator {
 

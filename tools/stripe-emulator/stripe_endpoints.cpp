@@ -5,7 +5,7 @@
 
 #include "random_ids.hpp"
 #include "search_query.hpp"
-#include "stripe_errors.hpp"
+#include "stripe_error_catalog.hpp"
 
 namespace stripe_emulator {
 

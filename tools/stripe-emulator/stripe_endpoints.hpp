@@ -9,7 +9,7 @@
 #include "api_response.hpp"
 #include "creation_params.hpp"
 #include "form_decoding.hpp"
-#include "ledger.hpp"
+#include "object_ledger.hpp"
 
 namespace stripe_emulator {
 

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "http_message.hpp"
+#include "http_exchange.hpp"
 
 namespace stripe_emulator {
 
