@@ -24,12 +24,7 @@ my $root = abs_path($ARGV[0] // dirname(__FILE__) . '/..');
 my @problems;
 sub problem { push @problems, join('', @_) }
 
-sub slurp {
-	my ($path) = @_;
-	open my $fh, '<', $path or die "cannot read $path: $!\n";
-	local $/;
-	return scalar <$fh>;
-}
+sub slurp { my ($path) = @_; open my $fh, '<', $path or die "cannot read $path: $!\n"; local $/; scalar <$fh> }
 
 # The documents, relative to the root.
 my @documents = grep { -f "$root/$_" } ('README.md', 'CHANGELOG.md', 'worker/README.md',

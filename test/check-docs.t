@@ -15,20 +15,8 @@ my $repo  = abs_path(dirname(__FILE__) . '/..');
 my $check = "$repo/test/check-docs.pl";
 my $work  = tempdir(CLEANUP => 1);
 
-sub slurp {
-	my ($path) = @_;
-	open my $fh, '<', $path or die "$path: $!";
-	local $/;
-	return scalar <$fh>;
-}
-
-sub spew {
-	my ($path, $text) = @_;
-	make_path(dirname($path));
-	open my $fh, '>', $path or die "$path: $!";
-	print $fh $text;
-	close $fh;
-}
+sub slurp { my ($path) = @_; open my $fh, '<', $path or die "$path: $!"; local $/; scalar <$fh> }
+sub spew { my ($path, $text) = @_; make_path(dirname($path)); open my $fh, '>', $path or die "$path: $!"; print $fh $text }
 
 sub edit {
 	my ($path, $change) = @_;
@@ -37,14 +25,11 @@ sub edit {
 	spew($path, $_);
 }
 
-# A copy of what check-docs reads (the documents, the C++ of extension/, the
-# SQL sources, what the documents link to), broken by $break;
-# check-docs' exit status and what it said.
+# A copy of what check-docs reads: the documents, the C++ of extension/, the
+# SQL sources, what the documents link to.
 my $copies = 0;
-sub check_broken {
-	my ($break) = @_;
+sub copy_of_repository {
 	my $root = "$work/copy" . ++$copies;
-	make_path($root);
 	find({ no_chdir => 1, wanted => sub {
 		my $file = substr($_, length($repo) + 1);
 		$File::Find::prune = 1 if -d && $file =~ m{(?:^|/)(?:\.git|\.build|node_modules)$};
@@ -52,11 +37,17 @@ sub check_broken {
 		return unless $file =~ m{^(?:[^/]+\.md|docs/|extension/|sql/|worker/|tools/)};
 		spew("$root/$file", slurp($_));
 	} }, $repo);
+	return $root;
+}
+
+# check-docs on a copy broken by $break: its exit status and what it said.
+sub check_broken {
+	my ($break) = @_;
+	my $root = copy_of_repository();
 	$break->($root);
-	my $said = `'$^X' '$check' '$root' 2>&1`;
-	my $status = $? >> 8;
+	my @run = (scalar `'$^X' '$check' '$root' 2>&1`, $? >> 8);
 	remove_tree($root);
-	return ($status, $said);
+	return reverse @run;
 }
 
 sub fails_with {
