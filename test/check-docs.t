@@ -31,6 +31,7 @@ my $copies = 0;
 sub copy_of_repository {
 	my $root = "$work/copy" . ++$copies;
 	find({ no_chdir => 1, wanted => sub {
+		return if $_ eq $repo;
 		my $file = substr($_, length($repo) + 1);
 		$File::Find::prune = 1 if -d && $file =~ m{(?:^|/)(?:\.git|\.build|node_modules)$};
 		return unless -f && $file =~ m{\.(?:md|cpp|hpp|h|sql|in)$};
