@@ -21,10 +21,11 @@ use File::Spec;
 use Cwd qw(abs_path);
 
 my $root = abs_path($ARGV[0] // dirname(__FILE__) . '/..');
+binmode($_, ":encoding(UTF-8)") for \*STDOUT, \*STDERR;
 my @problems;
 sub problem { push @problems, join('', @_) }
 
-sub slurp { my ($path) = @_; open my $fh, '<', $path or die "cannot read $path: $!\n"; local $/; scalar <$fh> }
+sub slurp { my ($path) = @_; open my $fh, '<:encoding(UTF-8)', $path or die "cannot read $path: $!\n"; local $/; scalar <$fh> }
 
 # The documents, relative to the root.
 my @documents = grep { -f "$root/$_" } ('README.md', 'CHANGELOG.md', 'worker/README.md',
