@@ -7,6 +7,7 @@
 #   make check-style          the house rules: clang-format, no PostgreSQL in common/,
 #                             no two source files of one name
 #   make check-sql            the house rules of sql/: each function written once (test/check-sql.pl)
+#   make check-docs           the docs: links resolve, every setting and SQL function documented (test/check-docs.pl)
 
 EXTENSION  = billguard
 # The one version source: the control file, META.json and the C++ (EXTVERSION)
@@ -84,7 +85,7 @@ PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
 ifneq ($(PGXS),)
 include $(PGXS)
-else ifeq ($(filter test demo bench deps check-style check-sql,$(MAKECMDGOALS)),)
+else ifeq ($(filter test demo bench deps check-style check-sql check-docs,$(MAKECMDGOALS)),)
 $(error pg_config not found: install postgresql-server-dev-NN (15, 17 or 18), or run `make deps`)
 endif
 
@@ -175,7 +176,7 @@ install-proxy: $(PROXY)
 
 -include $(wildcard .build/*/*.d .build/*/*/*.d)
 
-.PHONY: test demo bench deps unit check-style check-sql
+.PHONY: test demo bench deps unit check-style check-sql check-docs
 deps:
 	test/install-deps.sh
 
@@ -187,6 +188,9 @@ check-style:
 
 check-sql:
 	test/check-sql.pl
+
+check-docs:
+	test/check-docs.pl
 
 # Every supported PostgreSQL major, 15 here and 17 and 18 in Debian chroots
 # (test/majors/); PG=17 (or PG="15 18") runs those only.

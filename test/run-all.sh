@@ -21,7 +21,7 @@ trap cleanup EXIT
 
 failed=0
 skipped=
-echo "== house rules (clang-format, pure C++ in common/, each SQL function written once)"
+echo "== house rules (clang-format, pure C++ in common/, each SQL function written once, the docs in step)"
 # The style check is pinned to one clang-format, the host's: a chroot's
 # formats some constructs differently.
 if [ -n "${BILLGUARD_IN_CHROOT:-}" ]; then
@@ -31,6 +31,8 @@ else
 fi
 test/check-sql.pl || failed=1
 prove test/check-sql.t || failed=1 # the SQL check fails on what it must
+test/check-docs.pl || failed=1
+prove test/check-docs.t || failed=1 # the docs check fails on what it must
 
 echo "== unit tests (plain, and with AddressSanitizer + UndefinedBehaviorSanitizer)"
 make -s unit || failed=1

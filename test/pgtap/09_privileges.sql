@@ -1,4 +1,4 @@
--- 09_privileges.sql: the README's grants, run exactly as written there, let
+-- 09_privileges.sql: the grants of docs/privileges.md, run exactly as written there, let
 -- each role do its job, and nothing more.
 --
 -- Proves: a role without grants (app_without_grants) is refused (42501) for
@@ -15,8 +15,8 @@
 -- failed record and resolve one that needs review, but cannot bill, read or
 -- change the tables, or see where the API key lives; the webhook role
 -- (billing_webhooks) can call ingest_stripe_event and nothing else.
--- The block between the README markers is the README's, verbatim;
--- test/t/106_readme_grants_in_step.pl fails when the two differ.
+-- The block between the markers is that of docs/privileges.md, verbatim;
+-- test/t/106_privileges_doc_in_step.pl fails when the two differ.
 -- Roles are created inside the transaction and vanish with the ROLLBACK.
 BEGIN;
 SELECT plan(86);
@@ -31,7 +31,7 @@ CREATE ROLE billing_app NOLOGIN;
 CREATE ROLE billing_accounts NOLOGIN;
 CREATE ROLE billing_ops NOLOGIN;
 CREATE ROLE billing_webhooks NOLOGIN;
--- README grants: begin
+-- docs/privileges.md grants: begin
 -- The application: bills, and reads what it billed.
 GRANT USAGE ON SCHEMA billguard TO billing_app;
 GRANT EXECUTE ON FUNCTION
@@ -71,7 +71,7 @@ TO billing_ops;
 -- verified events applied to the records, and nothing else.
 GRANT USAGE ON SCHEMA billguard TO billing_webhooks;
 GRANT EXECUTE ON FUNCTION billguard.ingest_stripe_event(text, text) TO billing_webhooks;
--- README grants: end
+-- docs/privileges.md grants: end
 
 ------------------------------------------------------------------------------
 -- No grants: refused.
@@ -108,7 +108,7 @@ SELECT is((SELECT count(*) FROM billguard.billing_records WHERE customer_id LIKE
           'the refused calls wrote nothing');
 
 ------------------------------------------------------------------------------
--- The README grants: the public functions work.
+-- The documented grants: the public functions work.
 SET LOCAL ROLE billing_app;
 SELECT is(current_user::text, 'billing_app', 'running as billing_app');
 SELECT results_eq($$SELECT * FROM billguard.bill_period('2034-01')$$,

@@ -8,8 +8,8 @@
 -- INSERT and UPDATE, and bill_customer of such an id is 23503, so one
 -- Stripe customer is billed once a period (item 8); an account with billing
 -- records keeps its customer_id, is never deleted and never truncated away
--- (23001), an unbilled one may be renamed or deleted, and the README's
--- accounts-maintainer grants get 23001, not a permission error (item 7);
+-- (23001), an unbilled one may be renamed or deleted, and the
+-- accounts-maintainer grants of docs/privileges.md get 23001, not a permission error (item 7);
 -- updated_at follows every change and only changes (item 11); amount_cents
 -- above Stripe's 99,999,999 is refused (23514), and period_status sums
 -- amounts above bigint in numeric, without "bigint out of range" (item 21).
@@ -105,7 +105,7 @@ SELECT results_eq($$SELECT initiated, in_progress FROM billguard.bill_period('20
                   $$VALUES (6::bigint, 1::bigint)$$,
                   'bill_period of 2035-02 claims the other six once; t13_billed stays one record');
 
--- The README's grants for whoever maintains accounts.
+-- The grants of docs/privileges.md for whoever maintains accounts.
 CREATE ROLE t13_maintainer NOLOGIN;
 GRANT USAGE ON SCHEMA billguard TO t13_maintainer;
 GRANT SELECT, INSERT, UPDATE ON billguard.accounts TO t13_maintainer;

@@ -10,8 +10,8 @@
 -- refused with 22023 saying why and what to do, and nothing changes; an
 -- unknown record is P0002; deactivating an account cancels exactly its
 -- never-sent records, once, journaled, and re-activating brings none back;
--- bill_period's counts equal period_status's for the period; the README's
--- operator grant is enough to call cancel_record.
+-- bill_period's counts equal period_status's for the period; the
+-- operator grant of docs/privileges.md is enough to call cancel_record.
 BEGIN;
 SELECT plan(35);
 
@@ -139,7 +139,7 @@ SELECT results_eq($$SELECT count FROM billguard.period_status('2036-01') WHERE s
                   ARRAY[2::bigint], 'period_status: two cancelled');
 
 ------------------------------------------------------------------------------
--- The README's operator grant.
+-- The operator grant of docs/privileges.md.
 CREATE ROLE t14_operator NOLOGIN;
 GRANT USAGE ON SCHEMA billguard TO t14_operator;
 GRANT EXECUTE ON FUNCTION billguard.cancel_record(text, text) TO t14_operator;

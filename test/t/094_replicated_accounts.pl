@@ -9,7 +9,7 @@
 #     account keeps its id, and bill_period('2026-08') again charges no one
 #     (before: the renamed account was a new customer, charged a second
 #     time); a later change of the CRM waits behind the refused one;
-#   - the way out the README gives: rename it back at the CRM and skip the
+#   - the way out docs/operations.md gives: rename it back at the CRM and skip the
 #     refused transaction (ALTER SUBSCRIPTION ... SKIP, its LSN from the
 #     log): the later change arrives;
 #   - the CRM deletes a billed account and adds it again under a new id, in

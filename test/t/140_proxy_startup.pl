@@ -3,7 +3,7 @@
 # missing, too open or too short, the upstream is plain http to another
 # host, or the database lacks the extension, its ledger (0.1.0) or the
 # role's grants; --help and bad flags answer as documented; and it runs as
-# a role with exactly the grants the README lists, which cannot do more.
+# a role with exactly the grants docs/privileges.md lists, which cannot do more.
 use strict;
 use warnings;
 use File::Temp qw(tempdir);
@@ -91,22 +91,13 @@ for my $case (@cases) {
 	is($line, undef, "$what: it never listened");
 }
 
-# ---- the README's grants, as written ----------------------------------------------------------
+# ---- the grants of docs/privileges.md, as written -----------------------------------------------
 
-q1($node, q{
-	CREATE ROLE billguard_proxy LOGIN;
-	GRANT USAGE ON SCHEMA billguard TO billguard_proxy;
-	GRANT EXECUTE ON FUNCTION
-	  billguard.issue_vault_key(text, text, numeric, text[], timestamptz, boolean, numeric, integer, integer),
-	  billguard.vault_authorize(bytea, text, text, text, text, bigint, text, text, text, interval),
-	  billguard.vault_settle(text, text, integer, text, text, text, text, integer),
-	  billguard.vault_reconcile(text, text, integer, text, text, text, text, text),
-	  billguard.vault_reservations_in_doubt(interval, integer),
-	  billguard.vault_key_status(text),
-	  billguard.revoke_vault_key(text),
-	  billguard.raise_vault_cap(text, numeric)
-	TO billguard_proxy;
-	GRANT SELECT ON billguard.vault_spend TO billguard_proxy;});
+my ($proxy_grants) = slurp_file("$ENV{BILLGUARD_ROOT}/docs/privileges.md")
+  =~ /^## The proxy's role\n.*?^```sql\n(.*?)^```\n/ms;
+like($proxy_grants // '', qr/\ACREATE ROLE billguard_proxy LOGIN;\n.*TO billguard_proxy;\n\z/s,
+	"docs/privileges.md holds the proxy's role and its grants");
+q1($node, $proxy_grants);
 my $proxy = ProxyHarness->start(conninfo => $node->connstr('postgres') . ' user=billguard_proxy', upstream => $emulator);
 my $vault = $proxy->issue_key(billing_period => '2026-08', period_usd_cap => 1);
 is($proxy->charge($vault->{vault_key}, 'role-1', amount => 60)->{status}, 200, 'as billguard_proxy, a charge passes');

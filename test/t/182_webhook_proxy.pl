@@ -1,7 +1,7 @@
 # billguard-proxy's POST /webhooks/stripe (issue 7, "Stripe webhooks"):
 # Stripe's deliveries, signed here by openssl, reach ingest_stripe_event in
-# the billing database through a role holding only the README's webhook
-# grants, with no vault key:
+# the billing database through a role holding only the webhook grants of
+# docs/privileges.md, with no vault key:
 #   - applied: 200 {"received": true, "result": ...}, the record changed;
 #     the same delivery again: 200 already_seen; bytes the proxy might
 #     "normalise" (non-ASCII, newlines, spacing) reach the database exactly;
@@ -36,11 +36,11 @@ add_accounts($node, 3);
 is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-08')"), '3', 'three records claimed');
 q1($node, q{UPDATE billguard.billing_records SET status = 'unknown', attempts = 1, first_dispatched_at = now()});
 
-# The webhook role, with exactly the README's grants.
-my $readme = slurp_file("$ENV{BILLGUARD_ROOT}/README.md");
-my ($grants) = $readme =~ /^## Privileges\n.*?^```sql\n(.*?)^```\n/ms;
-my ($webhook_grants) = $grants =~ /^(GRANT USAGE ON SCHEMA billguard TO billing_webhooks;.*?TO billing_webhooks;\n)/ms;
-ok(defined $webhook_grants, 'the README lists the billing_webhooks grants');
+# The webhook role, with exactly the grants of docs/privileges.md.
+my $doc = slurp_file("$ENV{BILLGUARD_ROOT}/docs/privileges.md");
+my ($grants) = $doc =~ /^## The grants\n.*?^```sql\n(.*?)^```\n/ms;
+my ($webhook_grants) = ($grants // '') =~ /^(GRANT USAGE ON SCHEMA billguard TO billing_webhooks;.*?TO billing_webhooks;\n)/ms;
+ok(defined $webhook_grants, 'docs/privileges.md lists the billing_webhooks grants');
 q1($node, "CREATE ROLE billing_webhooks LOGIN; $webhook_grants");
 my $webhook_db = $node->connstr('postgres') . ' user=billing_webhooks';
 
