@@ -1,4 +1,5 @@
-# Cancelling while the dispatcher sends (issue 6, item 19): 900 accounts are
+# Cancelling while the dispatcher sends must never withdraw a record that
+# may have reached Stripe: 900 accounts are
 # billed for a period while the running dispatcher claims and sends them,
 # paced, and at the same time one session cancels a third of the records one
 # by one with cancel_record and another deactivates a third of the accounts

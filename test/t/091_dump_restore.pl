@@ -1,4 +1,5 @@
-# pg_dump and pg_restore keep every row (issue 6, item 10). A database with a
+# pg_dump and pg_restore keep every row, so a restore loses no billing
+# history. A database with a
 # currency a user added, accounts in it, a built-in currency a user changed,
 # completed, failed, cancelled and pending records, journal events and
 # snapshots is dumped with pg_dump -Fc and restored with pg_restore into a

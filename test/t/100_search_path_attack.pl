@@ -1,4 +1,5 @@
-# The search_path attack on the dispatcher, replayed (issue 6, item 1). The
+# The search_path attack on the dispatcher, replayed: no object a
+# non-superuser plants may run with the dispatcher's privileges. The
 # dispatcher runs as the bootstrap superuser. attacker, who is no superuser,
 # owns the billing database, so in PostgreSQL 15 attacker may CREATE in its
 # schema public and set the database's search_path. attacker plants traps in

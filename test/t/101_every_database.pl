@@ -1,4 +1,4 @@
-# Every database that has the extension is served (issue 6, item 18): a
+# Every database that has the extension is served: a
 # launcher starts one dispatcher per such database. Before, a second
 # database's billings were 'initiated' and then stayed pending for ever.
 #   - three databases with the extension: postgres and early (created before

@@ -1,5 +1,5 @@
 # A database no dispatcher serves says so in dispatch_status, and why,
-# instead of looking healthy (issue 6, item 18):
+# instead of looking healthy while its billings stay pending:
 #   - billguard.database restricts service to postgres: in database other
 #     (with the extension) no dispatcher ever connects, and its
 #     dispatch_status names the setting; postgres is served; unset and

@@ -1,4 +1,5 @@
-# A dispatcher that exits withdraws its wake-up latch (issue 6, item 17).
+# A dispatcher that exits withdraws its wake-up latch, so no committer sets
+# the latch of a process that is gone.
 # It used to withdraw it from on_proc_exit, after ProcKill had switched
 # MyLatch back to the process-local latch, so the comparison failed and the
 # shared state kept pointing at the latch of a PGPROC that the next process

@@ -1,5 +1,5 @@
 # billguard.api_base cannot be made to send the API key in clear text to a
-# host that is not loopback (issue 6, item 2). libcurl connects to the host
+# host that is not loopback. libcurl connects to the host
 # after an '@', so 'http://127.0.0.1:80@evil.example' looked like loopback to
 # a check that read the text before the first ':' and was accepted.
 #   - ALTER SYSTEM SET with that value, and with other spellings libcurl

@@ -1,5 +1,5 @@
-# The API key file must be readable by the server's user only (issue 6, item
-# 4), as libpq requires of ~/.pgpass: a key file with group or world access
+# The API key file must be readable by the server's user only, so no other
+# local user can read the Stripe key, as libpq requires of ~/.pgpass: a key file with group or world access
 # is refused. The dispatcher pauses and says why in dispatch_status (without
 # the key), sends nothing, and resumes after chmod 600 and a reload.
 use strict;

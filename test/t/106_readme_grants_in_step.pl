@@ -1,5 +1,6 @@
 # The grants README.md documents under "Privileges" are the grants
-# test/pgtap/09_privileges.sql runs (issue 6, item 20): the pgTAP test proves
+# test/pgtap/09_privileges.sql runs, so the documented grants are the tested
+# ones: the pgTAP test proves
 # that they work as written only while the two say the same, to the letter.
 use strict;
 use warnings;

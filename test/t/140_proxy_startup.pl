@@ -1,4 +1,4 @@
-# Starting billguard-proxy (issue 8, the proxy's command line): it refuses
+# Starting billguard-proxy from its command line: it refuses
 # to start, with one clear line and exit status 1, when a secret file is
 # missing, too open or too short, the upstream is plain http to another
 # host, or the database lacks the extension, its ledger (0.1.0) or the

@@ -1,5 +1,5 @@
-# The spend cap holds at any concurrency, and a retry is one charge (issue 8,
-# Concurrency). Against a real proxy, a real database and the emulator:
+# The spend cap holds at any concurrency, and a retry is one charge.
+# Against a real proxy, a real database and the emulator:
 #   - 1,000 requests of 50 cents (Stripe's USD minimum), each with its own
 #     Idempotency-Key, all in flight at once against a 50 USD cap: exactly
 #     100 are charged at the emulator, 900 get 429: spend_cap_pending (retry)

@@ -1,4 +1,4 @@
-# What a vault key may do, and what bad input gets (issue 8, Scope; the
+# What a vault key may do, and what bad input gets (the key's scope; the
 # proxy's bad-input rules). Against a real proxy, database and emulator:
 #   - a disallowed endpoint is 403 naming the allowed ones; a POST on an
 #     object (confirm, capture) the key's budget did not create 403; an expired key

@@ -1,4 +1,5 @@
-# Faults around the proxy (issue 8, Faults): real crashes, a real database
+# Faults around the proxy must neither lose a reservation nor charge twice:
+# real crashes, a real database
 # restart, a real hang.
 #   - kill -9 of the proxy while a charge is at Stripe: its reservation
 #     survives the crash; restarted, a retry with the same Idempotency-Key

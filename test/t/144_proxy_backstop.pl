@@ -1,5 +1,5 @@
-# The backstop when the guards in front of it fail (issue 8, Restored backup
-# and Guards bypassed, at the HTTP level; the dispatcher-driven versions come
+# The backstop when the guards in front of it fail (a restored backup, and
+# the guards bypassed, at the HTTP level; the dispatcher-driven versions come
 # with the dispatcher's integration). 100 accounts of 2026-08 are charged
 # through the proxy, each with its billguard key, under a cap of the
 # period's total x 1.10. Then:

@@ -1,4 +1,4 @@
-# A real Stripe client (issue 8): the official `stripe` package from npm
+# A real Stripe client talks to the proxy as to Stripe: the official `stripe` package from npm
 # (test/stripe-client, installed by `make test` with npm ci), pointed at the
 # proxy's host and port with a vault key, creates PaymentIntents, and
 # surfaces the proxy's 429 refusal as a Stripe error with its code and

@@ -1,4 +1,4 @@
-# Billing through the proxy (issue 8): the dispatcher, with
+# Billing through the proxy: the dispatcher, with
 # billguard.vault_issuer_token_file set and billguard.api_base pointing at a
 # real billguard-proxy (whose ledger shares the billing database, as tests
 # may), bills a period with the period's vault key:

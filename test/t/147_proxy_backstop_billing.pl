@@ -1,5 +1,5 @@
-# The backstop with the dispatcher doing the billing (issue 8, Restored
-# backup and Guards bypassed): a real billguard-proxy (its ledger in
+# The backstop with the dispatcher doing the billing (a restored backup, and
+# the guards in front of the proxy bypassed): a real billguard-proxy (its ledger in
 # database postgres), the emulator upstream, and a dispatcher in each
 # billing database (billguard.database unset) billing through the proxy
 # with billguard.vault_issuer_token_file.

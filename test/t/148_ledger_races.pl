@@ -1,5 +1,5 @@
 # The spend-cap ledger's decisions racing each other in real concurrent
-# sessions (issue 8): an Idempotency-Key's decisions are serialised by its
+# sessions, so no interleaving spends past a cap: an Idempotency-Key's decisions are serialised by its
 # own lock and the budget's row is locked last, so these interleavings must
 # still leave exact sums:
 #   new key      30 sessions authorize one new Idempotency-Key at once: one

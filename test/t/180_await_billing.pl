@@ -1,4 +1,4 @@
-# await_billing (issue 7, "Answers for callers") against a real dispatcher
+# await_billing, the caller's wait for a billing's outcome, against a real dispatcher
 # and the Stripe emulator, on a server whose dispatcher polls once an hour
 # and whose callers wait up to an hour, so only a commit can answer them
 # within the test's patience:

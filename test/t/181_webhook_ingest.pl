@@ -1,4 +1,4 @@
-# ingest_stripe_event (issue 7, "Stripe webhooks") in SQL. Every signature
+# ingest_stripe_event, the Stripe webhooks' way into a record, in SQL. Every signature
 # is computed here by an independent implementation, OpenSSL's command line
 # (openssl dgst -sha256 -hmac), over "<t>.<payload>":
 #   - each event type against each record status: an unknown record is

@@ -1,4 +1,4 @@
-# billguard-proxy's POST /webhooks/stripe (issue 7, "Stripe webhooks"):
+# billguard-proxy's POST /webhooks/stripe, Stripe's webhook endpoint:
 # Stripe's deliveries, signed here by openssl, reach ingest_stripe_event in
 # the billing database through a role holding only the README's webhook
 # grants, with no vault key:

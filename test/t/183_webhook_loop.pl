@@ -1,4 +1,4 @@
-# The real webhook loop (issue 7, "Stripe webhooks"): the Stripe emulator
+# The real webhook loop: the Stripe emulator
 # signs and delivers its webhooks to billguard-proxy's POST /webhooks/stripe,
 # which passes them to ingest_stripe_event in the billing database, while
 # the dispatcher charges the emulator:
