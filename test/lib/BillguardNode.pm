@@ -51,6 +51,16 @@ sub preloaded {
 	return $node;
 }
 
+# The dispatcher's settings in the scenarios, whatever it charges through:
+# it serves database postgres, polls often and paces little.
+sub dispatcher_conf {
+	return ("billguard.database = 'postgres'",
+		"billguard.max_requests_per_second = 2000",
+		"billguard.max_inflight = 32",
+		"billguard.poll_interval = '200ms'",
+		"billguard.request_timeout = '5s'");
+}
+
 # A started node whose dispatcher charges through $emulator, with the
 # extension created. @conf lines override the test defaults; an options hash
 # may come first, as for preloaded.
@@ -60,13 +70,9 @@ sub dispatching {
 	return $class->preloaded($name, @options, sub {
 		my ($node) = @_;
 		my $key_file = $node->set_api_key($StripeEmulatorHarness::DEFAULT_API_KEY);
-		return ("billguard.database = 'postgres'",
+		return (dispatcher_conf(),
 			"billguard.api_base = '" . $emulator->url('') . "'",
-			"billguard.api_key_file = '$key_file'",
-			"billguard.max_requests_per_second = 2000",
-			"billguard.max_inflight = 32",
-			"billguard.poll_interval = '200ms'",
-			"billguard.request_timeout = '5s'");
+			"billguard.api_key_file = '$key_file'");
 	}, @conf);
 }
 

@@ -27,12 +27,7 @@ use BillguardNode;
 use ProxyHarness;
 
 my $emulator = start_emulator();
-my $node = BillguardNode->preloaded('billing_through_proxy',
-	"billguard.database = 'postgres'",
-	"billguard.max_requests_per_second = 2000",
-	"billguard.max_inflight = 32",
-	"billguard.poll_interval = '200ms'",
-	"billguard.request_timeout = '5s'");
+my $node = BillguardNode->preloaded('billing_through_proxy', BillguardNode::dispatcher_conf());
 # A ceiling below the period's cap (222.31 USD below), raised further down.
 my $proxy = ProxyHarness->start(conninfo => $node->connstr('postgres'), upstream => $emulator,
 	issuer_max_period_usd => '200');

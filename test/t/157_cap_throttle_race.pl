@@ -24,12 +24,8 @@ use BillguardNode;
 use ProxyHarness;
 
 my $emulator = start_emulator();
-my $node = BillguardNode->preloaded('cap_throttle_race',
-	"billguard.database = 'postgres'",
-	"billguard.max_requests_per_second = 2000",
+my $node = BillguardNode->preloaded('cap_throttle_race', BillguardNode::dispatcher_conf(),
 	"billguard.max_inflight = 16",
-	"billguard.poll_interval = '200ms'",
-	"billguard.request_timeout = '5s'",
 	"billguard.idempotency_window = '1s'");
 my $proxy = ProxyHarness->start(conninfo => $node->connstr('postgres'), upstream => $emulator);
 sub error_of { my ($a) = @_; return ($a->{status} // 0) . ' ' . ($a->{json}{error}{code} // '') . ' ' . ($a->{headers}{'stripe-should-retry'} // '') }
