@@ -368,7 +368,7 @@ my $large = ProxyHarness::charge_body(amount => 100) . "&$metadata";
 note('the form charge: ' . length($large) . ' bytes');
 $r = $proxy->request('POST', '/v1/payment_intents', $large, vault_key => $form->{vault_key}, idempotency_key => 'large-form');
 is($r->{status}, 200, 'a 9.5 KB form charge with 20 metadata values passes');
-my ($large_charge) = grep { ($_->{idempotency_key} // '') eq 'large-form' } @{ $emulator->ledger };
+my ($large_charge) = @{ ledger_for_key($emulator, 'large-form') };
 is(scalar(keys %{ $large_charge->{metadata} // {} }), 20, '... and reaches Stripe with its 20 metadata values');
 my $percent = ProxyHarness->start(conninfo => $node->connstr('postgres'), upstream => $emulator,
 	admin_token => 'admin%2Ftoken%2Fwritten-as-is-0001');

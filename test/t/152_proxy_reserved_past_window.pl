@@ -68,7 +68,7 @@ is(charges_for('made-1'), 1, 'Stripe made the charge');
 my $again = charge('made-1');
 is($again->{status}, 200, 'sent again past the window, the key is answered 200');
 is($again->{headers}{'idempotent-replayed'} // '', 'true', '... replayed from the ledger');
-is($again->{json}{id}, (grep { ($_->{idempotency_key} // '') eq 'made-1' } @{ $emulator->ledger })[0]{id},
+is($again->{json}{id}, ledger_for_key($emulator, 'made-1')->[0]{id},
 	'... with the PaymentIntent the first attempt made');
 is(charges_for('made-1'), 1, 'one charge at the emulator');
 is(budget(), '1000/0', 'counted once, settled');

@@ -133,7 +133,7 @@ sleep 1;
 $replay = again($quick, 'killed-1');
 is("$replay->{status} " . ($replay->{headers}{'idempotent-replayed'} // ''), '200 true',
 	'the key, back after Stripe forgot it, is replayed from the ledger');
-is($replay->{json}{id}, (grep { ($_->{idempotency_key} // '') eq 'killed-1' } @{ $emulator->ledger })[0]{id},
+is($replay->{json}{id}, ledger_for_key($emulator, 'killed-1')->[0]{id},
 	'... with the charge Stripe made');
 is(charges_for('killed-1'), 1, 'one charge at the emulator');
 is(budget_in_db(), '3000/0', 'counted once, settled');
