@@ -40,7 +40,7 @@ my $node = BillguardNode->dispatching('crash_matrix', $emulator,
 	"restart_after_crash = on");
 $node->add_accounts(20);
 
-# ---- helpers (shared ones: DispatchScenario) ---------------------------------
+# ---- helpers (shared ones: test/lib) ---------------------------------------
 
 # What explain_case shows of the server log.
 my @explain = (

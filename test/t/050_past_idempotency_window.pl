@@ -30,7 +30,7 @@ my $node = BillguardNode->dispatching('past_window', $emulator,
 	"billguard.idempotency_window = '1s'");
 $node->add_accounts(10);
 
-# ---- helpers (shared ones: DispatchScenario) ---------------------------------
+# ---- helpers (shared ones: test/lib) ---------------------------------------
 
 # What explain_case shows of the server and emulator logs.
 my @explain = (

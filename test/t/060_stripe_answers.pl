@@ -34,7 +34,7 @@ use JSON::PP;
 use BillguardTest;
 use BillguardNode;
 
-# ---- local helpers (shared ones: DispatchScenario) ---------------------------
+# ---- local helpers (shared ones: test/lib) ---------------------------------
 
 # Inserts one active account $customer (stripe customer cus_<customer>).
 sub add_account {

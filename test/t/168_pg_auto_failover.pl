@@ -19,6 +19,7 @@ use Test::More;
 use SecretFile qw(write_secret_file);
 use Time::HiRes qw(sleep time);
 use BillguardTest;
+use BillguardNode;
 use SchedulerScenario;
 
 plan skip_all => 'pg_autoctl is not installed (test/install-deps.sh installs postgresql-NN-auto-failover)'
@@ -83,9 +84,10 @@ sub start_service {
 # ---- the nodes as SQL sees them -----------------------------------------------------------
 
 {
-	# Enough of PostgreSQL::Test::Cluster's interface for the shared helpers:
-	# safe_psql on a node that pg_autoctl, not the harness, runs.
+	# A node that pg_autoctl, not the harness, runs: BillguardNode's queries
+	# (they all go through safe_psql) on its own safe_psql.
 	package AutoctlNode;
+	use parent -norequire, 'BillguardNode';
 	sub new { my ($class, %node) = @_; return bless {%node}, $class }
 	sub name { $_[0]{name} }
 	sub port { $_[0]{port} }
