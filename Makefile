@@ -8,6 +8,8 @@
 #                             no two source files of one name
 #   make check-sql            the house rules of sql/: each function written once (test/check-sql.pl)
 #   make check-docs           the docs: links resolve, every setting and SQL function documented (test/check-docs.pl)
+#   make installcheck         the pgTAP suites against the installed extension in a running
+#                             server (PGHOST, PGPORT, PGUSER; test/README.md)
 
 EXTENSION  = billguard
 # The one version source: the control file, META.json and the C++ (EXTVERSION)
@@ -80,6 +82,14 @@ SHLIB_LINK  = .build/common/libbillguard_common.a -lcurl -lcrypto -lstdc++
 COMPILE.cxx.bc = $(CLANG) -xc++ -std=c++17 -Wno-register -Wno-ignored-attributes $(BITCODE_CXXFLAGS) $(CPPFLAGS) -flto=thin -emit-llvm -c
 
 EXTRA_CLEAN = .build $(EXTENSION).control META.json worker/billguard-proxy
+
+# `make installcheck` runs the pgTAP suites (test/pgtap/*.sql, by pg_prove)
+# against the extension as installed, in the running server libpq's
+# environment names (test/installcheck.sh; test/README.md). PGXS's own
+# installcheck runs pg_regress for REGRESS, which billguard has none of, and
+# would define an empty one: NO_INSTALLCHECK leaves the target to us.
+NO_INSTALLCHECK = 1
+PGTAP_TESTS = $(sort $(wildcard test/pgtap/*.sql))
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
@@ -176,7 +186,7 @@ install-proxy: $(PROXY)
 
 -include $(wildcard .build/*/*.d .build/*/*/*.d)
 
-.PHONY: test demo bench deps unit check-style check-sql check-docs
+.PHONY: test demo bench deps unit check-style check-sql check-docs installcheck
 deps:
 	test/install-deps.sh
 
@@ -191,6 +201,8 @@ check-sql:
 
 check-docs:
 	test/check-docs.pl
+installcheck:
+	test/installcheck.sh $(PGTAP_TESTS)
 
 # Every supported PostgreSQL major, 15 here and 17 and 18 in Debian chroots
 # (test/majors/); PG=17 (or PG="15 18") runs those only.

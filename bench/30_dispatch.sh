@@ -10,34 +10,18 @@
 #  - the worker's RSS while a 100,000-record backlog drains;
 #  - wake-up: from the COMMIT of bill_customer to the claim of its record.
 set -euo pipefail
+source bench/lib.sh dispatch
 
-dir=$(mktemp -d /tmp/billguard-bench-dispatch.XXXXXX)
-chmod 755 "$dir"
-port=$((20000 + RANDOM % 20000))
-emulator_pid=
-cleanup() {
-  test/cluster.sh stop "$dir/pg" immediate 2>/dev/null || true
-  [ -n "$emulator_pid" ] && kill "$emulator_pid" 2>/dev/null || true
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-
-tools/stripe-emulator/billguard-stripe-emulator --listen 127.0.0.1:0 --quiet >"$dir/emulator.out" 2>/dev/null &
-emulator_pid=$!
-for _ in $(seq 50); do grep -q listening "$dir/emulator.out" && break; sleep 0.1; done
-emulator=http://$(sed -n 's/^listening on //p' "$dir/emulator.out")
+start_emulator
 control() { curl -s -X POST "$emulator/_emulator/$1" -d "$2" >/dev/null; }
 stat_of() { curl -s "$emulator/_emulator/stats" | sed "s/.*\"$1\":\([0-9]*\).*/\1/"; }
 
-mkdir -p "$dir/pg"
-echo "sk_test_billguard_bench_key" >"$dir/stripe.key"
-chmod 600 "$dir/stripe.key"
+write_secret "$dir/stripe.key" sk_test_billguard_bench_key
 [ "$(id -u)" = 0 ] && chown postgres "$dir/stripe.key"
-test/cluster.sh start "$dir/pg" "$port" \
+start_cluster \
   "billguard.database = 'postgres'" "billguard.api_base = '$emulator'" \
   "billguard.api_key_file = '$dir/stripe.key'" "billguard.poll_interval = '1s'" \
   "shared_buffers = 512MB" "max_wal_size = 4GB"
-sql() { psql -X -q -At -h "$dir/pg" -p "$port" -U postgres -d postgres "$@"; }
 setting() { sql -c "ALTER SYSTEM SET billguard.$1 = $2" -c "SELECT pg_reload_conf()" >/dev/null; }
 sql -c "CREATE EXTENSION billguard"
 sql -c "INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, payment_method)
@@ -59,11 +43,7 @@ run_period() {
   local n=$1 period=$2
   sql -c "UPDATE billguard.accounts SET active = customer_id <= 'cust_' || lpad('$n', 6, '0')" >/dev/null
   sql -c "SELECT initiated FROM billguard.bill_period('$period')" >/dev/null
-  until [ "$(sql -c "SELECT count(*) FROM billguard.billing_records WHERE billing_period = '$period' AND status <> 'completed'")" = 0 ]; do
-    sleep 0.05
-  done
-  sql -c "SELECT round(count(*) / extract(epoch FROM max(completed_at) - min(first_dispatched_at))::numeric, 1)
-            FROM billguard.billing_records WHERE billing_period = '$period'"
+  settle_rate "$period"
 }
 
 echo "throughput at 50 ms latency, 3,000 charges, max_requests_per_second = 100000:"
@@ -108,13 +88,10 @@ wpid=$(worker_pid)
 hz=$(getconf CLK_TCK)
 w0=$(cpu_ticks "$wpid"); c0=$(cluster_ticks); l0=$(sql -c "SELECT pg_current_wal_lsn()")
 setting api_key_file "'$dir/stripe.key'"
-until [ "$(sql -c "SELECT count(*) FROM billguard.billing_records WHERE billing_period = '2031-02' AND status <> 'completed'")" = 0 ]; do
-  sleep 0.05
-done
+wait_completed 2031-02
 w1=$(cpu_ticks "$wpid"); c1=$(cluster_ticks); l1=$(sql -c "SELECT pg_current_wal_lsn()")
 wal=$(sql -c "SELECT pg_wal_lsn_diff('$l1', '$l0')")
-rate=$(sql -c "SELECT round(count(*) / extract(epoch FROM max(completed_at) - min(first_dispatched_at))::numeric, 1)
-                 FROM billguard.billing_records WHERE billing_period = '2031-02'")
+rate=$(charges_per_second 2031-02)
 # WAL: the design's floor is ~1.8 KB a charge (frozen request bodies, two
 # journal events and the Request-Id are kept on purpose); 2,300 B allows
 # headroom above it.

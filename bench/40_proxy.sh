@@ -7,37 +7,16 @@
 #  - authorized charges per second through the proxy, all on one budget, so
 #    every request contends on one cap (target >= 1,500/s on 2 cores).
 set -euo pipefail
-
-dir=$(mktemp -d /tmp/billguard-bench-proxy.XXXXXX)
-chmod 755 "$dir"
-port=$((20000 + RANDOM % 20000))
-emulator_pid= proxy_pid=
-cleanup() {
-  [ -n "$proxy_pid" ] && kill "$proxy_pid" 2>/dev/null || true
-  [ -n "$emulator_pid" ] && kill "$emulator_pid" 2>/dev/null || true
-  test/cluster.sh stop "$dir/pg" immediate 2>/dev/null || true
-  rm -rf "$dir"
-}
-trap cleanup EXIT
+source bench/lib.sh proxy
 seconds=${BENCH_PROXY_SECONDS:-5}
 
-announced() { for _ in $(seq 100); do grep -q listening "$1" && break; sleep 0.1; done; sed -n 's/^listening on //p' "$1"; }
-tools/stripe-emulator/billguard-stripe-emulator --listen 127.0.0.1:0 --quiet >"$dir/emulator.out" 2>/dev/null &
-emulator_pid=$!
-emulator=$(announced "$dir/emulator.out")
-
-mkdir -p "$dir/pg"
-test/cluster.sh start "$dir/pg" "$port" "shared_buffers = 512MB" "max_wal_size = 4GB"
-psql -X -q -h "$dir/pg" -p "$port" -U postgres -d postgres -c "CREATE EXTENSION billguard"
-(umask 077
- echo "sk_test_billguardEmulatorHarness0001" >"$dir/stripe.key"
- head -c 32 /dev/urandom | base64 >"$dir/admin.token")
-worker/billguard-proxy --listen 127.0.0.1:0 --database "host=$dir/pg port=$port user=postgres dbname=postgres" \
-  --upstream "http://$emulator" --upstream-key-file "$dir/stripe.key" --admin-token-file "$dir/admin.token" \
-  >"$dir/proxy.out" 2>"$dir/proxy.log" &
-proxy_pid=$!
-proxy=$(announced "$dir/proxy.out")
-vault_key=$(curl -s -X POST "http://$proxy/keys" -H "Authorization: Bearer $(cat "$dir/admin.token")" \
+start_emulator
+start_cluster "shared_buffers = 512MB" "max_wal_size = 4GB"
+sql -c "CREATE EXTENSION billguard"
+write_secret "$dir/stripe.key" sk_test_billguardEmulatorHarness0001
+write_secret "$dir/admin.token" "$(head -c 32 /dev/urandom | base64)"
+start_proxy postgres --upstream "$emulator" --upstream-key-file "$dir/stripe.key" --admin-token-file "$dir/admin.token"
+vault_key=$(curl -s -X POST "$proxy/keys" -H "Authorization: Bearer $(cat "$dir/admin.token")" \
   -d '{"vendor":"stripe","billing_period":"2030-01","period_usd_cap":100000000,
        "allowed_endpoints":["/v1/payment_intents"],"expires_at":"2099-01-01T00:00:00Z"}' |
   sed 's/.*"vault_key":"\([^"]*\)".*/\1/')
@@ -59,8 +38,8 @@ measure() {
 
 echo "latency the proxy adds (wrk, ${seconds}s each, zero-latency emulator):"
 for connections in 1 16 64; do
-  read -r dp50 dp99 drps dbad <<<"$(measure "$connections" "http://$emulator" sk_test_billguardEmulatorHarness0001)"
-  read -r pp50 pp99 prps pbad <<<"$(measure "$connections" "http://$proxy" "$vault_key")"
+  read -r dp50 dp99 drps dbad <<<"$(measure "$connections" "$emulator" sk_test_billguardEmulatorHarness0001)"
+  read -r pp50 pp99 prps pbad <<<"$(measure "$connections" "$proxy" "$vault_key")"
   awk -v c="$connections" -v dp50="$dp50" -v dp99="$dp99" -v pp50="$pp50" -v pp99="$pp99" \
       -v bad=$((dbad + pbad)) 'BEGIN {
     printf "  %2d clients: direct p50 %.2f ms p99 %.2f ms; proxy p50 %.2f ms p99 %.2f ms; added p50 %.2f ms, p99 %.2f ms%s%s\n",
@@ -69,12 +48,12 @@ for connections in 1 16 64; do
 done
 
 echo "authorized charges per second on one budget (64 clients):"
-read -r _ _ drps dbad <<<"$(measure 64 "http://$emulator" sk_test_billguardEmulatorHarness0001)"
-read -r _ _ prps pbad <<<"$(measure 64 "http://$proxy" "$vault_key")"
+read -r _ _ drps dbad <<<"$(measure 64 "$emulator" sk_test_billguardEmulatorHarness0001)"
+read -r _ _ prps pbad <<<"$(measure 64 "$proxy" "$vault_key")"
 awk -v d="$drps" -v p="$prps" -v bad=$((dbad + pbad)) 'BEGIN {
   printf "  through the proxy %.0f/s (target >= 1500/s); direct to the emulator %.0f/s; ratio %.2f%s\n",
          p, d, p / d, bad ? sprintf(" (%d non-2xx!)", bad) : "" }'
-psql -X -q -At -h "$dir/pg" -p "$port" -U postgres -d postgres -c "
+sql -c "
   SELECT format('  the budget: %s charges settled, %s cents, %s reserved',
                 (SELECT count(*) FROM billguard.vault_reservations WHERE status = 'settled'),
                 settled_cents, reserved_cents) FROM billguard.vault_spend"

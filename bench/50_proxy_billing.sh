@@ -10,60 +10,39 @@
 # BENCH_PROXY_BILLING_CHARGES (3000) and BENCH_PROXY_ARGS (more proxy flags,
 # e.g. --database-pool 16) vary it.
 set -euo pipefail
-
-dir=$(mktemp -d /tmp/billguard-bench-proxy-billing.XXXXXX)
-chmod 755 "$dir"
-port=$((20000 + RANDOM % 20000))
-emulator_pid= proxy_pid=
-cleanup() {
-  [ -n "$proxy_pid" ] && kill "$proxy_pid" 2>/dev/null || true
-  [ -n "$emulator_pid" ] && kill "$emulator_pid" 2>/dev/null || true
-  test/cluster.sh stop "$dir/pg" immediate 2>/dev/null || true
-  rm -rf "$dir"
-}
-trap cleanup EXIT
+source bench/lib.sh proxy-billing
 charges=${BENCH_PROXY_BILLING_CHARGES:-3000}
 
-announced() { for _ in $(seq 100); do grep -qs listening "$1" && break; sleep 0.1; done; sed -n 's/^listening on //p' "$1"; }
-tools/stripe-emulator/billguard-stripe-emulator --listen 127.0.0.1:0 --latency-ms 50 --quiet \
-  >"$dir/emulator.out" 2>/dev/null &
-emulator_pid=$!
-emulator=http://$(announced "$dir/emulator.out")
+start_emulator --latency-ms 50
 
 # The secrets: the Stripe key for the dispatcher (direct) and for the proxy,
 # the proxy's tokens, and the issuer token again for the dispatcher. Each
 # file is owned by the process that reads it.
-(umask 077
- echo "sk_test_billguardEmulatorHarness0001" >"$dir/stripe.key"
- cp "$dir/stripe.key" "$dir/proxy-stripe.key"
- head -c 32 /dev/urandom | base64 >"$dir/admin.token"
- head -c 32 /dev/urandom | base64 >"$dir/issuer.token"
- cp "$dir/issuer.token" "$dir/dispatcher-issuer.token")
+issuer_token=$(head -c 32 /dev/urandom | base64)
+write_secret "$dir/stripe.key" sk_test_billguardEmulatorHarness0001
+write_secret "$dir/proxy-stripe.key" sk_test_billguardEmulatorHarness0001
+write_secret "$dir/admin.token" "$(head -c 32 /dev/urandom | base64)"
+write_secret "$dir/issuer.token" "$issuer_token"
+write_secret "$dir/dispatcher-issuer.token" "$issuer_token"
 [ "$(id -u)" = 0 ] && chown postgres "$dir/stripe.key" "$dir/dispatcher-issuer.token"
 
-mkdir -p "$dir/pg"
-test/cluster.sh start "$dir/pg" "$port" \
+start_cluster \
   "billguard.database = 'postgres'" "billguard.api_base = '$emulator'" \
   "billguard.api_key_file = '$dir/stripe.key'" "billguard.poll_interval = '1s'" \
   "billguard.max_requests_per_second = 100000" \
   "shared_buffers = 512MB" "max_wal_size = 4GB"
-sql() { psql -X -q -At -h "$dir/pg" -p "$port" -U postgres -d postgres "$@"; }
 sql -c "CREATE EXTENSION billguard" -c "CREATE DATABASE vault"
-psql -X -q -h "$dir/pg" -p "$port" -U postgres -d vault -c "CREATE EXTENSION billguard"
+sql_in vault -c "CREATE EXTENSION billguard"
 sql -c "INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, payment_method)
         SELECT 'cust_' || lpad(g::text, 6, '0'), 'cus_' || g, 1000, 'pm_card_visa'
           FROM generate_series(1, $charges) g"
 
 # The periods billed below are years ahead: the issuer token's bounds on
 # periods and key lives are widened for them.
-worker/billguard-proxy --listen 127.0.0.1:0 --database "host=$dir/pg port=$port user=postgres dbname=vault" \
-  --upstream "$emulator" --upstream-key-file "$dir/proxy-stripe.key" \
+start_proxy vault --upstream "$emulator" --upstream-key-file "$dir/proxy-stripe.key" \
   --admin-token-file "$dir/admin.token" --issuer-token-file "$dir/issuer.token" \
   --issuer-max-period-usd 100000000 --issuer-period-months 1200 --issuer-max-key-days 36500 \
-  ${BENCH_PROXY_ARGS:-} \
-  >"$dir/proxy.out" 2>"$dir/proxy.log" &
-proxy_pid=$!
-proxy=http://$(announced "$dir/proxy.out")
+  ${BENCH_PROXY_ARGS:-}
 
 direct() {
   sql -c "ALTER SYSTEM SET billguard.api_base = '$emulator'" \
@@ -80,11 +59,7 @@ through_proxy() {
 run_period() {
   local period=$1
   sql -c "SELECT initiated FROM billguard.bill_period('$period')" >/dev/null
-  until [ "$(sql -c "SELECT count(*) FROM billguard.billing_records WHERE billing_period = '$period' AND status <> 'completed'")" = 0 ]; do
-    sleep 0.05
-  done
-  sql -c "SELECT round(count(*) / extract(epoch FROM max(completed_at) - min(first_dispatched_at))::numeric, 1)
-            FROM billguard.billing_records WHERE billing_period = '$period'"
+  settle_rate "$period"
 }
 
 echo "the dispatcher through the proxy vs direct, 50 ms upstream latency, $charges charges a period:"
@@ -95,7 +70,7 @@ for inflight in 16 64; do
   p1=$(through_proxy; run_period $year-02)
   d2=$(direct; run_period $year-03)
   p2=$(through_proxy; run_period $year-04)
-  keys=$(psql -X -q -At -h "$dir/pg" -p "$port" -U postgres -d vault \
+  keys=$(sql_in vault \
     -c "SELECT count(*) FROM billguard.vault_keys WHERE billing_period IN ('$year-02', '$year-04')")
   year=$((year + 1))
   awk -v i="$inflight" -v d1="$d1" -v d2="$d2" -v p1="$p1" -v p2="$p2" -v keys="$keys" 'BEGIN {

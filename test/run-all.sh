@@ -40,13 +40,9 @@ make -s unit || failed=1
 echo "== Stripe emulator"
 prove test/emulator/ || failed=1
 
-echo "== pgTAP suites"
+echo "== pgTAP suites (make installcheck on a throwaway preloaded cluster)"
 test/cluster.sh start "$work/pgtap" "$port"
-psql -X -q -h "$work/pgtap" -p "$port" -U postgres -d postgres \
-  -c "CREATE DATABASE billguard_test" >/dev/null
-psql -X -q -h "$work/pgtap" -p "$port" -U postgres -d billguard_test \
-  -c "CREATE EXTENSION pgtap" -c "CREATE EXTENSION billguard" >/dev/null
-pg_prove -h "$work/pgtap" -p "$port" -U postgres -d billguard_test test/pgtap/*.sql || failed=1
+PGHOST="$work/pgtap" PGPORT="$port" PGUSER=postgres PGDATABASE=postgres make -s installcheck || failed=1
 test/cluster.sh stop "$work/pgtap"
 
 echo "== PostgreSQL's regression suite as a peer (plain, preloaded, with the extension)"

@@ -1,47 +1,45 @@
-# Helpers shared by billguard's TAP scenarios (test/t/*.pl): a preloaded
-# node with the extension, demo accounts, and a gate that releases many
-# sessions at the same instant so races really race.
+# What billguard's TAP scenarios (test/t/*.pl) share beside their nodes
+# (BillguardNode.pm): the one polling helper, the Stripe emulator and the
+# queries of its ledger, and the bookkeeping of racing sessions.
 package BillguardTest;
 
 use strict;
 use warnings;
-use PostgreSQL::Test::Cluster;
-use PostgreSQL::Test::Utils;
-use IPC::Run;
 use Test::More;
+use Time::HiRes qw(sleep time);
 use Exporter 'import';
 
 use lib "$ENV{BILLGUARD_ROOT}/test/emulator/lib";
 use StripeEmulatorHarness;
-use Time::HiRes qw(sleep time);
 
-our @EXPORT = qw(billguard_node add_accounts start_gate release_gate race_psql finish_race
-  start_emulator dispatch_node wait_until_settled dispatcher_pid wait_for_new_dispatcher
-  succeeded_charges charges_by_key record_of set_api_key still_running);
+our @EXPORT = qw(wait_until failures start_emulator succeeded_charges charges_by_key ledger_for_key
+  succeeded_for_key finish_race still_running);
 
-# A started node with billguard preloaded and created in database postgres.
-# Options, if the first of @conf is a hash: extension_version => '0.1.0'
-# creates that version instead of the default; allows_streaming => 1 makes a
-# primary a streaming replica can be made from. $before_start, if given next,
-# runs with the initialised node before it starts and returns more
-# postgresql.conf lines.
-sub billguard_node {
-	my ($name, @conf) = @_;
-	my %options = ref $conf[0] eq 'HASH' ? %{ shift @conf } : ();
-	my $before_start = ref $conf[0] eq 'CODE' ? shift @conf : sub { () };
-	my $node = PostgreSQL::Test::Cluster->new($name);
-	$node->init(allows_streaming => $options{allows_streaming} // 0);
-	$node->append_conf('postgresql.conf', join("\n",
-		"shared_preload_libraries = 'billguard'",
-		"fsync = off",
-		"max_connections = 50",
-		$before_start->($node),
-		@conf));
-	$node->start;
-	my $version = $options{extension_version} ? " VERSION '$options{extension_version}'" : '';
-	$node->safe_psql('postgres', "CREATE EXTENSION billguard$version");
-	return $node;
+# ---- waiting ------------------------------------------------------------------
+
+# Calls $check every $options{interval} seconds (default 0.05) until it
+# returns true or $timeout seconds pass; a check that dies counts as false
+# (a server restarting). True once it held; else false after a diag naming
+# $what and, when given, what $options{explain}->() says of the state then.
+#   ok(wait_until('the record completed', 30, sub { $node->status_of($c, $p) eq 'completed' }), ...);
+sub wait_until {
+	my ($what, $timeout, $check, %options) = @_;
+	my $deadline = time + $timeout;
+	while (1) {
+		my $ok = eval { $check->() };
+		return 1 if $ok;
+		last if time >= $deadline;
+		sleep($options{interval} // 0.05);
+	}
+	my $explain = $options{explain} ? eval { $options{explain}->() } // "unavailable: $@" : undef;
+	diag("timed out after ${timeout}s waiting for: $what" . (defined $explain ? "\n$explain" : ''));
+	return 0;
 }
+
+# How many assertions failed so far (to print diagnostics once per case).
+sub failures { return scalar(grep { !$_ } Test::More->builder->summary) }
+
+# ---- the Stripe emulator ----------------------------------------------------------
 
 # A Stripe emulator for this test, stopped by pid when the test ends.
 # Options are emulator flags without dashes: latency_ms => 50, idempotency_ttl => 3.
@@ -49,72 +47,6 @@ sub start_emulator {
 	my (%flags) = @_;
 	my @args = map { ('--' . ($_ =~ s/_/-/gr), $flags{$_}) } sort keys %flags;
 	return StripeEmulatorHarness->start(args => \@args);
-}
-
-# Writes the API key file the dispatcher reads (a reload picks it up).
-sub set_api_key {
-	my ($node, $key) = @_;
-	my $file = $node->basedir . '/stripe.key';
-	open my $fh, '>', $file or die "cannot write $file: $!";
-	print $fh "$key\n";
-	close $fh;
-	chmod 0600, $file;
-	return $file;
-}
-
-# A started node whose dispatcher charges through $emulator, with the
-# extension created. @conf lines override the test defaults; an options hash
-# may come first, as for billguard_node.
-sub dispatch_node {
-	my ($name, $emulator, @conf) = @_;
-	my @options = ref $conf[0] eq 'HASH' ? (shift @conf) : ();
-	return billguard_node($name, @options, sub {
-		my ($node) = @_;
-		my $key_file = set_api_key($node, $StripeEmulatorHarness::DEFAULT_API_KEY);
-		return ("billguard.database = 'postgres'",
-			"billguard.api_base = '" . $emulator->url('') . "'",
-			"billguard.api_key_file = '$key_file'",
-			"billguard.max_requests_per_second = 2000",
-			"billguard.max_inflight = 32",
-			"billguard.poll_interval = '200ms'",
-			"billguard.request_timeout = '5s'");
-	}, @conf);
-}
-
-# Waits until no record of the period is pending, dispatching or unknown.
-sub wait_until_settled {
-	my ($node, $period, $timeout) = @_;
-	$timeout //= 120;
-	my $deadline = time + $timeout;
-	while (time < $deadline) {
-		my $open = $node->safe_psql('postgres', qq{
-			SELECT count(*) FROM billguard.billing_records
-			 WHERE billing_period = '$period' AND status IN ('pending', 'dispatching', 'unknown')});
-		return 1 if $open eq '0';
-		sleep 0.1;
-	}
-	diag("records of $period still open after ${timeout}s: " . $node->safe_psql('postgres',
-		"SELECT string_agg(status || '=' || n, ', ') FROM (SELECT status, count(*) n FROM billguard.billing_records WHERE billing_period = '$period' GROUP BY 1) s"));
-	return 0;
-}
-
-# The running dispatcher's pid, or '' when none runs.
-sub dispatcher_pid {
-	my ($node) = @_;
-	return $node->safe_psql('postgres',
-		"SELECT coalesce(max(pid), 0) FROM pg_stat_activity WHERE backend_type = 'billguard dispatcher'") || '';
-}
-
-# Waits for a dispatcher other than $old_pid to run; returns its pid.
-sub wait_for_new_dispatcher {
-	my ($node, $old_pid, $timeout) = @_;
-	my $deadline = time + ($timeout // 30);
-	while (time < $deadline) {
-		my $pid = eval { dispatcher_pid($node) } // 0;
-		return $pid if $pid && $pid ne '0' && $pid ne ($old_pid // '');
-		sleep 0.1;
-	}
-	return 0;
 }
 
 # The emulator's successful charges (PaymentIntents succeeded, charges paid).
@@ -131,67 +63,29 @@ sub charges_by_key {
 	return \%by_key;
 }
 
-# status|charge_id|attempts of one record.
-sub record_of {
-	my ($node, $customer, $period) = @_;
-	return $node->safe_psql('postgres', qq{
-		SELECT status || '|' || coalesce(charge_id, '') || '|' || attempts FROM billguard.billing_records
-		 WHERE customer_id = '$customer' AND billing_period = '$period'});
+# Whether the ledger object $object carries $key as Idempotency-Key or metadata.
+sub carries_key {
+	my ($object, $key) = @_;
+	return ($object->{idempotency_key} // '') eq $key || ($object->{metadata}{billguard_key} // '') eq $key;
 }
 
-# Inserts $count active accounts cust_000001.. with stripe customers cus_...
-sub add_accounts {
-	my ($node, $count, $prefix) = @_;
-	$prefix //= 'cust_';
-	$node->safe_psql('postgres', qq{
-		INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method)
-		SELECT '$prefix' || lpad(g::text, 6, '0'), 'cus_' || lpad(g::text, 6, '0'),
-		       1000 + g % 500, 'usd', 'pm_card_visa'
-		  FROM generate_series(1, $count) g});
+# Ledger objects (any status) carrying $key as Idempotency-Key or metadata.
+sub ledger_for_key {
+	my ($emulator, $key) = @_;
+	return [ grep { carries_key($_, $key) } @{ $emulator->ledger } ];
 }
 
-# A session holding an exclusive advisory lock; racers wait on it and all
-# start when release_gate() terminates that session.
-sub start_gate {
-	my ($node) = @_;
-	my $gate = IPC::Run::start(
-		[ 'psql', '-XAtq', '-d', $node->connstr('postgres'),
-		  '-c', "SET application_name = 'billguard_gate'",
-		  '-c', 'SELECT pg_advisory_lock(424242), pg_sleep(600)' ],
-		'>', \my $out, '2>', \my $err);
-	$node->poll_query_until('postgres',
-		"SELECT count(*) = 1 FROM pg_locks WHERE locktype = 'advisory' AND objid = 424242 AND granted")
-	  or die 'gate did not take its lock';
-	return $gate;
+# The succeeded ledger objects carrying $key.
+sub succeeded_for_key {
+	my ($emulator, $key) = @_;
+	return [ grep { carries_key($_, $key) } @{ succeeded_charges($emulator) } ];
 }
 
-# Starts one racing psql session: it waits at the gate, then runs each of
-# @sql in a transaction of its own.
-sub race_psql {
-	my ($node, @sql) = @_;
-	my %r = (out => '', err => '');
-	$r{handle} = IPC::Run::start(
-		[ 'psql', '-XAtq', '-v', 'ON_ERROR_STOP=1', '-d', $node->connstr('postgres'),
-		  '-c', 'DO $$BEGIN PERFORM pg_advisory_lock_shared(424242); PERFORM pg_advisory_unlock_shared(424242); END$$',
-		  map { ('-c', $_) } @sql ],
-		'>', \$r{out}, '2>', \$r{err});
-	return \%r;
-}
-
-# Waits until $waiting sessions queue at the gate, then opens it.
-sub release_gate {
-	my ($node, $gate, $waiting) = @_;
-	$node->poll_query_until('postgres',
-		"SELECT count(*) = $waiting FROM pg_locks WHERE locktype = 'advisory' AND objid = 424242 AND NOT granted")
-	  or die "racers did not reach the gate";
-	$node->safe_psql('postgres',
-		"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'billguard_gate'");
-	$gate->finish;
-}
+# ---- racing sessions (BillguardNode's start_gate, race_psql, release_gate) ----
 
 # Whether the process of an IPC::Run handle still runs, reading what it
 # wrote so far. pump_nb dies on a handle whose process has ended (in a
-# wait_for, a false answer until the timeout), and one may end between
+# wait_until, a false answer until the timeout), and one may end between
 # pumpable and pump_nb: only the answer of pumpable after the pump counts.
 sub still_running {
 	my ($handle) = @_;

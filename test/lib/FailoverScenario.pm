@@ -25,13 +25,12 @@ package FailoverScenario;
 use strict;
 use warnings;
 use List::Util qw(max);
-use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(sleep time);
 use Exporter 'import';
 use BillguardTest;
-use DispatchScenario qw(q1 wait_for);
+use BillguardNode;
 use SchedulerScenario;
 
 our @EXPORT = qw(run_failover);
@@ -43,21 +42,21 @@ my $key_ttl = 4;    # seconds the emulator keeps a key, when async
 # Completed records of the period on $node.
 sub completed {
 	my ($node) = @_;
-	return q1($node, "SELECT count(*) FROM billguard.billing_records WHERE billing_period = '$period' AND status = 'completed'");
+	return $node->q1("SELECT count(*) FROM billguard.billing_records WHERE billing_period = '$period' AND status = 'completed'");
 }
 
 sub run_failover {
 	my ($mode) = @_;
 	my $async = $mode eq 'async';
 	my $emulator = start_emulator(latency_ms => 200, $async ? (idempotency_ttl => $key_ttl) : ());
-	my $primary = dispatch_node("${mode}_primary", $emulator, { allows_streaming => 1 },
+	my $primary = BillguardNode->dispatching("${mode}_primary", $emulator, { allows_streaming => 1 },
 		'billguard.max_requests_per_second = 40', 'billguard.max_inflight = 8');
-	add_accounts($primary, $accounts);
+	$primary->add_accounts($accounts);
 
 	$primary->backup('base');
-	my $standby = PostgreSQL::Test::Cluster->new("${mode}_standby");
+	my $standby = BillguardNode->new("${mode}_standby");
 	$standby->init_from_backup($primary, 'base', has_streaming => 1);
-	my $key_file = set_api_key($standby, $StripeEmulatorHarness::DEFAULT_API_KEY);
+	my $key_file = $standby->set_api_key($StripeEmulatorHarness::DEFAULT_API_KEY);
 	$standby->append_conf('postgresql.conf', "billguard.api_key_file = '$key_file'");
 	$standby->append_conf('postgresql.conf', "billguard.idempotency_window = '1s'") if $async;
 	$standby->start;
@@ -69,8 +68,8 @@ sub run_failover {
 	}
 	$primary->wait_for_catchup($standby);
 
-	is(billguard_processes($standby), '', "$mode: no billguard launcher or dispatcher runs on the replica");
-	like(q1($standby, 'SELECT not_served_reason FROM billguard.dispatch_status'), qr/the server is in recovery/,
+	is($standby->billguard_processes, '', "$mode: no billguard launcher or dispatcher runs on the replica");
+	like($standby->q1('SELECT not_served_reason FROM billguard.dispatch_status'), qr/the server is in recovery/,
 		"$mode: the replica's dispatch_status says it is in recovery");
 
 	# The same schedule on both nodes: the replica's must not tick.
@@ -86,10 +85,10 @@ sub run_failover {
 		ok($primary->poll_query_until('postgres', 'SELECT count(*) = 0 FROM pg_stat_replication'),
 			'async: the replica is cut off from the primary');
 		my $replicated = completed($standby);
-		ok(wait_for('the primary to record 60 answers the replica never gets', 60,
+		ok(wait_until('the primary to record 60 answers the replica never gets', 60,
 			sub { completed($primary) >= $replicated + 60 }), 'async: the primary records answers the replica never gets');
 	} else {
-		ok(wait_for('a third of the period completed', 60, sub { completed($primary) >= $accounts / 3 }),
+		ok(wait_until('a third of the period completed', 60, sub { completed($primary) >= $accounts / 3 }),
 			'sync: a third of the period is completed');
 	}
 	cmp_ok(completed($primary), '<', $accounts, "$mode: the period is still under way when the primary crashes");
@@ -97,7 +96,7 @@ sub run_failover {
 
 	if ($async) {
 		# What the replica has of the period, against what the emulator charged.
-		my %completed_on_replica = map { $_ => 1 } split /\n/, q1($standby, qq{
+		my %completed_on_replica = map { $_ => 1 } split /\n/, $standby->q1(qq{
 			SELECT idempotency_key FROM billguard.billing_records WHERE billing_period = '$period' AND status = 'completed'});
 		my $charged = charges_by_key($emulator);
 		my @lost = grep { !$completed_on_replica{$_} } keys %$charged;
@@ -111,19 +110,19 @@ sub run_failover {
 
 	unlike(substr(slurp_file($standby->logfile), $standby_offset), qr/billguard scheduler|billguard dispatcher: started/,
 		"$mode: nothing of billguard ran on the replica before its promotion");
-	my $started = q1($standby, 'SELECT pg_postmaster_start_time()');
+	my $started = $standby->q1('SELECT pg_postmaster_start_time()');
 	$offset = -s $standby->logfile;
 	$standby->promote;
-	ok(wait_for_new_dispatcher($standby, 0, 60), "$mode: the promotion starts a dispatcher");
-	is(q1($standby, 'SELECT pg_postmaster_start_time()'), $started, "$mode: without a restart");
+	ok($standby->wait_for_new_dispatcher(0, 60), "$mode: the promotion starts a dispatcher");
+	is($standby->q1('SELECT pg_postmaster_start_time()'), $started, "$mode: without a restart");
 	like(wait_for_tick($standby, $offset), qr/$period \(due 2031-09-01 00:00 UTC\) was issued already/,
 		"$mode: the promoted node's scheduler finds $period issued");
 
-	ok(wait_until_settled($standby, $period, 180), "$mode: the promoted node finishes the period");
+	ok($standby->wait_until_settled($period, 180), "$mode: the promoted node finishes the period");
 	billed_once($standby, $emulator, $mode, $period, $accounts);
-	my $replayed = q1($standby, qq{SELECT count(*) FROM billguard.journal WHERE event_type = 'BillingCompleted'
+	my $replayed = $standby->q1(qq{SELECT count(*) FROM billguard.journal WHERE event_type = 'BillingCompleted'
 		AND (event ->> 'replayed')::boolean AND persistence_id LIKE 'billing-%-$period'});
-	my $searched = q1($standby, qq{SELECT count(*) FROM billguard.journal WHERE event_type = 'ChargeReconciled'
+	my $searched = $standby->q1(qq{SELECT count(*) FROM billguard.journal WHERE event_type = 'ChargeReconciled'
 		AND event ->> 'via' = 'search' AND persistence_id LIKE 'billing-%-$period'});
 	note("$mode: $replayed answers replayed by the emulator, $searched charges found by search");
 	if ($async) {

@@ -23,21 +23,12 @@ use POSIX ();
 use Time::HiRes qw(sleep time);
 
 use StripeEmulatorHarness;
+use SecretFile qw(write_secret_file);
+use BillguardTest qw(wait_until);
 
 my %running;    # pid => 1, for the END block
 
 sub binary { return $ENV{BILLGUARD_PROXY} // StripeEmulatorHarness::repo_root() . '/worker/billguard-proxy' }
-
-# Writes $content to $dir/$name with mode 600; returns the path.
-sub secret_file {
-	my ($dir, $name, $content, $mode) = @_;
-	my $path = "$dir/$name";
-	open my $fh, '>', $path or die "cannot write $path: $!";
-	print $fh "$content\n";
-	close $fh;
-	chmod($mode // 0600, $path);
-	return $path;
-}
 
 # Options: conninfo (required), upstream (an emulator or a URL), upstream_key
 # (default: the emulator harness's test key), admin_token (default: random
@@ -54,10 +45,10 @@ sub start {
 	$self->{upstream_url} = ref $o{upstream} ? $o{upstream}->url('') : $o{upstream};
 	$self->{admin_token} = $o{admin_token} // 'admin-' . join('', map { ('a' .. 'z')[rand 26] } 1 .. 32);
 	$self->{issuer_token} = 'issuer-' . join('', map { ('a' .. 'z')[rand 26] } 1 .. 32);
-	$self->{files}{upstream} = secret_file($self->{dir}, 'stripe.key',
+	$self->{files}{upstream} = write_secret_file("$self->{dir}/stripe.key",
 		$o{upstream_key} // $StripeEmulatorHarness::DEFAULT_API_KEY);
-	$self->{files}{admin} = secret_file($self->{dir}, 'admin.token', $self->{admin_token});
-	$self->{files}{issuer} = secret_file($self->{dir}, 'issuer.token', $self->{issuer_token});
+	$self->{files}{admin} = write_secret_file("$self->{dir}/admin.token", $self->{admin_token});
+	$self->{files}{issuer} = write_secret_file("$self->{dir}/issuer.token", $self->{issuer_token});
 	$self->{stderr} //= "$self->{dir}/proxy.log";
 	$self->{http} = http_client();
 	$self->launch($o{port} // 0);
@@ -131,10 +122,13 @@ sub stop {
 	my $pid = $self->{pid};
 	return unless $running{$pid};
 	kill($signal // 'TERM', $pid);
-	my $deadline = time + 5;
-	while (time < $deadline) {
-		if (waitpid($pid, POSIX::WNOHANG()) == $pid) { delete $running{$pid}; return $?; }
-		sleep 0.02;
+	my $status;
+	if (wait_until("the proxy (pid $pid) to exit", 5, sub {
+			return 0 unless waitpid($pid, POSIX::WNOHANG()) == $pid;
+			$status = $?;
+			return 1 }, interval => 0.02)) {
+		delete $running{$pid};
+		return $status;
 	}
 	kill 'KILL', $pid;
 	waitpid($pid, 0);

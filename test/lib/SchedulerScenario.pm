@@ -1,19 +1,19 @@
-# Helpers shared by the scheduler and failover scenarios (test/t/160..168):
-# the scheduler's settings and clock, the ticks it logs and journals, and
-# the check that every record of a period was charged exactly once.
+# Helpers of the scenarios that let billguard's scheduler bill (the
+# scheduler 160-171 with the failover ones among them, 191, 192): its
+# settings and clock, the ticks it logs, a session holding its next event,
+# and the check that every record of a period was charged exactly once.
 package SchedulerScenario;
 
 use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use Time::HiRes qw(sleep time);
 use IPC::Run;
 use Exporter 'import';
-use BillguardTest qw(charges_by_key wait_until_settled);
+use BillguardTest qw(charges_by_key wait_until);
 
-our @EXPORT = qw(set_scheduler scheduler_conf wait_for_tick ticks_issued records_of charged_once_each
-  billed_once billguard_processes hold_scheduler_event release_scheduler_event waits_for_scheduler_event);
+our @EXPORT = qw(set_scheduler scheduler_conf wait_for_tick charged_once_each billed_once
+  hold_scheduler_event release_scheduler_event waits_for_scheduler_event);
 
 # Appends billguard.<name> = '<value>' lines to postgresql.conf (a later line
 # wins) and reloads the node: set_scheduler($node, auto_bill => 'monthly',
@@ -38,31 +38,13 @@ sub scheduler_conf {
 # returns the line, or '' after $timeout seconds.
 sub wait_for_tick {
 	my ($node, $offset, $timeout) = @_;
-	my $deadline = time + ($timeout // 60);
-	while (time < $deadline) {
+	my $line = '';
+	wait_until('a scheduler tick logged', $timeout // 60, sub {
 		my $log = substr(slurp_file($node->logfile), $offset // 0);
-		return $1
-		  if $log =~ /(billguard scheduler: (?:billed |\S+ \(due [^)]*\) (?:was issued already|is not billed)|billing-scheduler's state does not list).*)$/m;
-		sleep 0.05;
-	}
-	diag('no scheduler tick logged within ' . ($timeout // 60) . ' s');
-	return '';
-}
-
-# How many BillingTickIssued events billing-scheduler holds for $period.
-sub ticks_issued {
-	my ($node, $period) = @_;
-	return $node->safe_psql('postgres', qq{
-		SELECT count(*) FROM billguard.journal
-		 WHERE persistence_id = 'billing-scheduler' AND event_type = 'BillingTickIssued'
-		   AND event ->> 'billing_period' = '$period'});
-}
-
-# The number of billing records of $period.
-sub records_of {
-	my ($node, $period) = @_;
-	return $node->safe_psql('postgres',
-		"SELECT count(*) FROM billguard.billing_records WHERE billing_period = '$period'");
+		($line) = $log =~ /(billguard scheduler: (?:billed |\S+ \(due [^)]*\) (?:was issued already|is not billed)|billing-scheduler's state does not list).*)$/m;
+		return defined $line;
+	});
+	return $line // '';
 }
 
 # The records of $period that are not completed with the one succeeded
@@ -130,21 +112,13 @@ sub waits_for_scheduler_event {
 # succeeded charge the emulator holds for its key.
 sub billed_once {
 	my ($node, $emulator, $label, $period, $accounts) = @_;
-	is(ticks_issued($node, $period), '1', "$label: one BillingTickIssued for $period");
-	is(records_of($node, $period), $accounts, "$label: one record per account for $period");
-	ok(wait_until_settled($node, $period), "$label: every record of $period settles");
+	is($node->ticks_issued($period), '1', "$label: one BillingTickIssued for $period");
+	is($node->records_of($period), $accounts, "$label: one record per account for $period");
+	ok($node->wait_until_settled($period), "$label: every record of $period settles");
 	my ($wrong, $checked) = charged_once_each($node, $emulator, $period);
 	is($wrong, '', "$label: every record of $period is completed with the one charge the emulator holds for its key");
 	is($checked, $accounts, "$label: $accounts records checked");
 	return;
-}
-
-# The backend types of billguard's processes on $node, comma-separated.
-sub billguard_processes {
-	my ($node) = @_;
-	return $node->safe_psql('postgres', q{
-		SELECT coalesce(string_agg(backend_type, ',' ORDER BY backend_type), '')
-		  FROM pg_stat_activity WHERE backend_type LIKE 'billguard%'});
 }
 
 1;

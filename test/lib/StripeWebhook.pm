@@ -10,7 +10,7 @@ use IPC::Run;
 use JSON::PP;
 use Exporter 'import';
 
-our @EXPORT = qw(webhook_hmac webhook_signature stripe_event write_webhook_secret);
+our @EXPORT = qw(webhook_hmac webhook_signature stripe_event);
 
 # The hex HMAC-SHA256 of "$t.$payload" keyed with $secret, by openssl.
 sub webhook_hmac {
@@ -35,16 +35,6 @@ sub stripe_event {
 	my $object = delete $event{object};
 	return JSON::PP->new->canonical->encode({ object => 'event', api_version => '2024-06-20',
 		livemode => JSON::PP::false, created => time, %event, data => { object => $object } });
-}
-
-# Writes a webhook secret file (mode 600 unless $mode says otherwise).
-sub write_webhook_secret {
-	my ($path, $content, $mode) = @_;
-	open my $fh, '>', $path or die "cannot write $path: $!";
-	print $fh "$content\n";
-	close $fh;
-	chmod($mode // 0600, $path);
-	return $path;
 }
 
 1;

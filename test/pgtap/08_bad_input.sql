@@ -11,9 +11,6 @@
 -- of accounts, billing_records and journal are unchanged. Finally an
 -- account whose id looks like SQL injection is billed like any other and
 -- nothing is dropped.
---
--- Each refusal below is followed by its own "nothing written" check; keep
--- the pairs together when editing.
 BEGIN;
 SELECT plan(101);
 
@@ -30,190 +27,160 @@ CREATE FUNCTION pg_temp.t08_counts() RETURNS text LANGUAGE sql AS $$
 $$;
 SELECT pg_temp.t08_counts() AS baseline \gset
 
-SELECT throws_ok($t$SELECT * FROM billguard.bill_customer(NULL, '2026-08')$t$, '22023',
-                 'customer_id must not be NULL',
-                 'bill_customer: NULL customer_id -> 22023');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'bill_customer: NULL customer_id: nothing written');
-SELECT throws_ok($t$SELECT * FROM billguard.bill_customer('t08_good', NULL)$t$, '22023',
-                 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got NULL',
-                 'bill_customer: NULL billing_period -> 22023');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'bill_customer: NULL billing_period: nothing written');
-SELECT throws_ok($t$SELECT * FROM billguard.bill_customer('', '2026-08')$t$, '22023',
-                 'customer_id must not be empty',
-                 'bill_customer: empty customer_id -> 22023');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'bill_customer: empty customer_id: nothing written');
-SELECT throws_ok($t$SELECT * FROM billguard.bill_customer('t08_good', '')$t$, '22023',
-                 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got ''''',
-                 'bill_customer: empty billing_period -> 22023');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'bill_customer: empty billing_period: nothing written');
-SELECT throws_ok($t$SELECT * FROM billguard.bill_customer('t08_good', '2026-13')$t$, '22023',
-                 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got ''2026-13''',
-                 'bill_customer: period 2026-13 -> 22023');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'bill_customer: period 2026-13: nothing written');
-SELECT throws_ok($t$SELECT * FROM billguard.bill_customer('t08_good', '2026-8')$t$, '22023',
-                 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got ''2026-8''',
-                 'bill_customer: period 2026-8 -> 22023');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'bill_customer: period 2026-8: nothing written');
-SELECT throws_ok($t$SELECT * FROM billguard.bill_customer('t08_good', ' 2026-08')$t$, '22023',
-                 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got '' 2026-08''',
-                 'bill_customer: period '' 2026-08'' -> 22023');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'bill_customer: period '' 2026-08'': nothing written');
-SELECT throws_ok($t$SELECT * FROM billguard.bill_customer(repeat('x', 10240), '2026-08')$t$, '22023',
-                 'customer_id must be at most 255 bytes, got 10240',
-                 'bill_customer: 10 kB customer_id -> 22023');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'bill_customer: 10 kB customer_id: nothing written');
-SELECT throws_ok($t$SELECT * FROM billguard.bill_customer('t08_good', '2026-08', repeat('r', 10240))$t$, '22023',
-                 'request_id must be at most 255 bytes',
-                 'bill_customer: 10 kB request_id -> 22023');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'bill_customer: 10 kB request_id: nothing written');
-SELECT throws_ok($t$SELECT * FROM billguard.bill_customer($$x'); DROP TABLE billguard.accounts; --$$, '2026-08')$t$, '23503',
-                 'customer ''x''''); DROP TABLE billguard.accounts; --'' is not in billguard.accounts',
-                 'bill_customer: SQL-injection-looking customer_id is just an unknown customer -> 23503');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'bill_customer: SQL-injection-looking customer_id is just an unknown customer: nothing written');
-SELECT throws_ok($t$SELECT * FROM billguard.bill_customer('t08_good', $$x'); DROP TABLE billguard.accounts; --$$)$t$, '22023',
-                 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got ''x''''); DROP TABLE billguard.accounts; --''',
-                 'bill_customer: SQL-injection-looking period -> 22023');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'bill_customer: SQL-injection-looking period: nothing written');
-SELECT throws_ok($t$SELECT * FROM billguard.bill_customer(' t08_good', '2026-08')$t$, '23503',
-                 'customer '' t08_good'' is not in billguard.accounts',
-                 'bill_customer: customer_id with a leading blank is another (unknown) customer -> 23503');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'bill_customer: customer_id with a leading blank is another (unknown) customer: nothing written');
-SELECT throws_ok($t$SELECT * FROM billguard.bill_customer('t08_off', '2026-08')$t$, '22023',
-                 'customer ''t08_off'' is not active',
-                 'bill_customer: inactive customer -> 22023');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'bill_customer: inactive customer: nothing written');
-SELECT throws_ok($t$SELECT * FROM billguard.bill_period(NULL)$t$, '22023',
-                 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got NULL',
-                 'bill_period: NULL -> 22023');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'bill_period: NULL: nothing written');
-SELECT throws_ok($t$SELECT * FROM billguard.bill_period('')$t$, '22023',
-                 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got ''''',
-                 'bill_period: empty -> 22023');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'bill_period: empty: nothing written');
-SELECT throws_ok($t$SELECT * FROM billguard.bill_period('2026-13')$t$, '22023',
-                 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got ''2026-13''',
-                 'bill_period: 2026-13 -> 22023');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'bill_period: 2026-13: nothing written');
-SELECT throws_ok($t$SELECT * FROM billguard.bill_period('2026-8')$t$, '22023',
-                 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got ''2026-8''',
-                 'bill_period: 2026-8 -> 22023');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'bill_period: 2026-8: nothing written');
-SELECT throws_ok($t$SELECT * FROM billguard.bill_period(' 2026-08')$t$, '22023',
-                 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got '' 2026-08''',
-                 'bill_period: '' 2026-08'' -> 22023');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'bill_period: '' 2026-08'': nothing written');
-SELECT throws_ok($t$SELECT * FROM billguard.bill_period(repeat('x', 10240))$t$, '22023',
-                 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got ''xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx''',
-                 'bill_period: 10 kB period (message truncated to 40 characters) -> 22023');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'bill_period: 10 kB period (message truncated to 40 characters): nothing written');
-SELECT throws_ok($t$SELECT * FROM billguard.bill_period($$x'); DROP TABLE billguard.accounts; --$$)$t$, '22023',
-                 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got ''x''''); DROP TABLE billguard.accounts; --''',
-                 'bill_period: SQL-injection-looking period -> 22023');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'bill_period: SQL-injection-looking period: nothing written');
-SELECT throws_ok($t$SELECT * FROM billguard.period_status($$x'); DROP TABLE billguard.accounts; --$$)$t$, '22023',
-                 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got ''x''''); DROP TABLE billguard.accounts; --''',
-                 'period_status: SQL-injection-looking period -> 22023');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'period_status: SQL-injection-looking period: nothing written');
-SELECT throws_ok($t$SELECT * FROM billguard.period_status('2026-8')$t$, '22023',
-                 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got ''2026-8''',
-                 'period_status: 2026-8 -> 22023');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'period_status: 2026-8: nothing written');
-SELECT throws_ok($t$SELECT billguard.idempotency_key(repeat('x', 10240), '2026-08')$t$, '22023',
-                 'customer_id must be at most 255 bytes, got 10240',
-                 'idempotency_key: 10 kB customer_id -> 22023');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'idempotency_key: 10 kB customer_id: nothing written');
-SELECT throws_ok($t$SELECT billguard.idempotency_key('t08_good', $$x'); DROP TABLE billguard.accounts; --$$)$t$, '22023',
-                 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08)',
-                 'idempotency_key: SQL-injection-looking period -> 22023');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'idempotency_key: SQL-injection-looking period: nothing written');
-SELECT throws_ok($t$SELECT billguard.entity_state(NULL)$t$, '22023',
-                 'persistence_id must not be NULL',
-                 'entity_state: NULL -> 22023');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'entity_state: NULL: nothing written');
-SELECT throws_ok($t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES ('t08_neg', 'cus_t08neg', -100)$t$, '23514',
-                 'new row for relation "accounts" violates check constraint "accounts_amount_positive"',
-                 'accounts: negative amount -> 23514');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'accounts: negative amount: nothing written');
-SELECT throws_ok($t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES ('t08_zero', 'cus_t08zero', 0)$t$, '23514',
-                 'new row for relation "accounts" violates check constraint "accounts_amount_positive"',
-                 'accounts: zero amount -> 23514');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'accounts: zero amount: nothing written');
-SELECT throws_ok($t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES ('t08_null_amount', 'cus_t08', NULL)$t$, '23502',
-                 'null value in column "amount_cents" of relation "accounts" violates not-null constraint',
-                 'accounts: NULL amount -> 23502');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'accounts: NULL amount: nothing written');
-SELECT throws_ok($t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency) VALUES ('t08_xyz', 'cus_t08xyz', 100, 'xyz')$t$, '23503',
-                 'insert or update on table "accounts" violates foreign key constraint "accounts_currency_fkey"',
-                 'accounts: unknown currency xyz -> 23503');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'accounts: unknown currency xyz: nothing written');
-SELECT throws_ok($t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency) VALUES ('t08_upper', 'cus_t08upper', 100, 'USD')$t$, '23503',
-                 'insert or update on table "accounts" violates foreign key constraint "accounts_currency_fkey"',
-                 'accounts: upper-case currency USD -> 23503');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'accounts: upper-case currency USD: nothing written');
-SELECT throws_ok($t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency) VALUES ('t08_nullcur', 'cus_t08', 100, NULL)$t$, '23502',
-                 'null value in column "currency" of relation "accounts" violates not-null constraint',
-                 'accounts: NULL currency -> 23502');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'accounts: NULL currency: nothing written');
-SELECT throws_ok($t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES ('t08_badcus', 'acct_123', 100)$t$, '23514',
-                 'new row for relation "accounts" violates check constraint "accounts_stripe_customer_valid"',
-                 'accounts: stripe_customer not cus_... -> 23514');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'accounts: stripe_customer not cus_...: nothing written');
-SELECT throws_ok($t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES ('t08_emptycus', '', 100)$t$, '23514',
-                 'new row for relation "accounts" violates check constraint "accounts_stripe_customer_valid"',
-                 'accounts: empty stripe_customer -> 23514');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'accounts: empty stripe_customer: nothing written');
-SELECT throws_ok($t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES ('t08_injcus', $$x'); DROP TABLE billguard.accounts; --$$, 100)$t$, '23514',
-                 'new row for relation "accounts" violates check constraint "accounts_stripe_customer_valid"',
-                 'accounts: SQL-injection-looking stripe_customer -> 23514');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'accounts: SQL-injection-looking stripe_customer: nothing written');
-SELECT throws_ok($t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES ('t08_nullcus', NULL, 100)$t$, '23502',
-                 'null value in column "stripe_customer" of relation "accounts" violates not-null constraint',
-                 'accounts: NULL stripe_customer -> 23502');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'accounts: NULL stripe_customer: nothing written');
-SELECT throws_ok($t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES (NULL, 'cus_t08', 100)$t$, '23502',
-                 'null value in column "customer_id" of relation "accounts" violates not-null constraint',
-                 'accounts: NULL customer_id -> 23502');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'accounts: NULL customer_id: nothing written');
-SELECT throws_ok($t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES ('', 'cus_t08', 100)$t$, '23514',
-                 'new row for relation "accounts" violates check constraint "accounts_customer_id_valid"',
-                 'accounts: empty customer_id -> 23514');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'accounts: empty customer_id: nothing written');
-SELECT throws_ok($t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES (' t08_blank', 'cus_t08', 100)$t$, '23514',
-                 'new row for relation "accounts" violates check constraint "accounts_customer_id_valid"',
-                 'accounts: customer_id with a leading blank -> 23514');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'accounts: customer_id with a leading blank: nothing written');
-SELECT throws_ok($t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES (E't08_tab\t', 'cus_t08', 100)$t$, '23514',
-                 'new row for relation "accounts" violates check constraint "accounts_customer_id_valid"',
-                 'accounts: customer_id with a control character -> 23514');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'accounts: customer_id with a control character: nothing written');
-SELECT throws_ok($t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES (repeat('x', 10240), 'cus_t08', 100)$t$, '23514',
-                 'new row for relation "accounts" violates check constraint "accounts_customer_id_valid"',
-                 'accounts: 10 kB customer_id -> 23514');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'accounts: 10 kB customer_id: nothing written');
-SELECT throws_ok($t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES (repeat('x', 256), 'cus_t08', 100)$t$, '23514',
-                 'new row for relation "accounts" violates check constraint "accounts_customer_id_valid"',
-                 'accounts: 256-byte customer_id -> 23514');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'accounts: 256-byte customer_id: nothing written');
-SELECT throws_ok($t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, payment_method) VALUES ('t08_pm', 'cus_t08', 100, 'PM 1')$t$, '23514',
-                 'new row for relation "accounts" violates check constraint "accounts_payment_method_valid"',
-                 'accounts: malformed payment_method -> 23514');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'accounts: malformed payment_method: nothing written');
-SELECT throws_ok($t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES ('t08_good', 'cus_t08dup', 100)$t$, '23505',
-                 'duplicate key value violates unique constraint "accounts_pkey"',
-                 'accounts: duplicate customer_id -> 23505');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'accounts: duplicate customer_id: nothing written');
-SELECT throws_ok($t$UPDATE billguard.accounts SET amount_cents = 0 WHERE customer_id = 't08_good'$t$, '23514',
-                 'new row for relation "accounts" violates check constraint "accounts_amount_positive"',
-                 'accounts: UPDATE to a zero amount -> 23514');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'accounts: UPDATE to a zero amount: nothing written');
-SELECT throws_ok($t$UPDATE billguard.accounts SET currency = 'USD' WHERE customer_id = 't08_good'$t$, '23503',
-                 'insert or update on table "accounts" violates foreign key constraint "accounts_currency_fkey"',
-                 'accounts: UPDATE to upper-case currency -> 23503');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'accounts: UPDATE to upper-case currency: nothing written');
-SELECT throws_ok($t$SELECT billguard.append_event($$x'); DROP TABLE billguard.accounts; --$$, -5, 'E', '{}')$t$, '22023',
-                 'expected_seq_nr must be >= 0',
-                 'append_event: negative expected_seq_nr -> 22023');
-SELECT is(pg_temp.t08_counts(), :'baseline'::text, 'append_event: negative expected_seq_nr: nothing written');
+-- A refusal is two assertions: $statement fails with $sqlstate and
+-- $message, and the row counts are still $baseline.
+CREATE FUNCTION pg_temp.t08_refused(label text, statement text, sqlstate char(5), message text, baseline text)
+RETURNS SETOF text LANGUAGE plpgsql AS $$
+BEGIN
+  RETURN NEXT throws_ok(statement, sqlstate, message, label || ' -> ' || sqlstate);
+  RETURN NEXT is(pg_temp.t08_counts(), baseline, label || ': nothing written');
+END
+$$;
+
+-- The cases, one row each (rows alike by design: a new case is one more
+-- row): its label, the statement, and the SQLSTATE and message it must fail
+-- with. pg_temp.t08_refused turns each into its two assertions, in the order
+-- listed.
+SELECT pg_temp.t08_refused(label, statement, sqlstate, message, :'baseline') FROM (VALUES
+  ('bill_customer: NULL customer_id',
+   $t$SELECT * FROM billguard.bill_customer(NULL, '2026-08')$t$,
+   '22023', 'customer_id must not be NULL'),
+  ('bill_customer: NULL billing_period',
+   $t$SELECT * FROM billguard.bill_customer('t08_good', NULL)$t$,
+   '22023', 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got NULL'),
+  ('bill_customer: empty customer_id',
+   $t$SELECT * FROM billguard.bill_customer('', '2026-08')$t$,
+   '22023', 'customer_id must not be empty'),
+  ('bill_customer: empty billing_period',
+   $t$SELECT * FROM billguard.bill_customer('t08_good', '')$t$,
+   '22023', 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got '''''),
+  ('bill_customer: period 2026-13',
+   $t$SELECT * FROM billguard.bill_customer('t08_good', '2026-13')$t$,
+   '22023', 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got ''2026-13'''),
+  ('bill_customer: period 2026-8',
+   $t$SELECT * FROM billguard.bill_customer('t08_good', '2026-8')$t$,
+   '22023', 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got ''2026-8'''),
+  ('bill_customer: period '' 2026-08''',
+   $t$SELECT * FROM billguard.bill_customer('t08_good', ' 2026-08')$t$,
+   '22023', 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got '' 2026-08'''),
+  ('bill_customer: 10 kB customer_id',
+   $t$SELECT * FROM billguard.bill_customer(repeat('x', 10240), '2026-08')$t$,
+   '22023', 'customer_id must be at most 255 bytes, got 10240'),
+  ('bill_customer: 10 kB request_id',
+   $t$SELECT * FROM billguard.bill_customer('t08_good', '2026-08', repeat('r', 10240))$t$,
+   '22023', 'request_id must be at most 255 bytes'),
+  ('bill_customer: SQL-injection-looking customer_id is just an unknown customer',
+   $t$SELECT * FROM billguard.bill_customer($$x'); DROP TABLE billguard.accounts; --$$, '2026-08')$t$,
+   '23503', 'customer ''x''''); DROP TABLE billguard.accounts; --'' is not in billguard.accounts'),
+  ('bill_customer: SQL-injection-looking period',
+   $t$SELECT * FROM billguard.bill_customer('t08_good', $$x'); DROP TABLE billguard.accounts; --$$)$t$,
+   '22023', 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got ''x''''); DROP TABLE billguard.accounts; --'''),
+  ('bill_customer: customer_id with a leading blank is another (unknown) customer',
+   $t$SELECT * FROM billguard.bill_customer(' t08_good', '2026-08')$t$,
+   '23503', 'customer '' t08_good'' is not in billguard.accounts'),
+  ('bill_customer: inactive customer',
+   $t$SELECT * FROM billguard.bill_customer('t08_off', '2026-08')$t$,
+   '22023', 'customer ''t08_off'' is not active'),
+  ('bill_period: NULL',
+   $t$SELECT * FROM billguard.bill_period(NULL)$t$,
+   '22023', 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got NULL'),
+  ('bill_period: empty',
+   $t$SELECT * FROM billguard.bill_period('')$t$,
+   '22023', 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got '''''),
+  ('bill_period: 2026-13',
+   $t$SELECT * FROM billguard.bill_period('2026-13')$t$,
+   '22023', 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got ''2026-13'''),
+  ('bill_period: 2026-8',
+   $t$SELECT * FROM billguard.bill_period('2026-8')$t$,
+   '22023', 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got ''2026-8'''),
+  ('bill_period: '' 2026-08''',
+   $t$SELECT * FROM billguard.bill_period(' 2026-08')$t$,
+   '22023', 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got '' 2026-08'''),
+  ('bill_period: 10 kB period (message truncated to 40 characters)',
+   $t$SELECT * FROM billguard.bill_period(repeat('x', 10240))$t$,
+   '22023', 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got ''xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'''),
+  ('bill_period: SQL-injection-looking period',
+   $t$SELECT * FROM billguard.bill_period($$x'); DROP TABLE billguard.accounts; --$$)$t$,
+   '22023', 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got ''x''''); DROP TABLE billguard.accounts; --'''),
+  ('period_status: SQL-injection-looking period',
+   $t$SELECT * FROM billguard.period_status($$x'); DROP TABLE billguard.accounts; --$$)$t$,
+   '22023', 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got ''x''''); DROP TABLE billguard.accounts; --'''),
+  ('period_status: 2026-8',
+   $t$SELECT * FROM billguard.period_status('2026-8')$t$,
+   '22023', 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08), got ''2026-8'''),
+  ('idempotency_key: 10 kB customer_id',
+   $t$SELECT billguard.idempotency_key(repeat('x', 10240), '2026-08')$t$,
+   '22023', 'customer_id must be at most 255 bytes, got 10240'),
+  ('idempotency_key: SQL-injection-looking period',
+   $t$SELECT billguard.idempotency_key('t08_good', $$x'); DROP TABLE billguard.accounts; --$$)$t$,
+   '22023', 'billing_period must be YYYY-MM with a month 01..12 (e.g. 2026-08)'),
+  ('entity_state: NULL',
+   $t$SELECT billguard.entity_state(NULL)$t$,
+   '22023', 'persistence_id must not be NULL'),
+  ('accounts: negative amount',
+   $t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES ('t08_neg', 'cus_t08neg', -100)$t$,
+   '23514', 'new row for relation "accounts" violates check constraint "accounts_amount_positive"'),
+  ('accounts: zero amount',
+   $t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES ('t08_zero', 'cus_t08zero', 0)$t$,
+   '23514', 'new row for relation "accounts" violates check constraint "accounts_amount_positive"'),
+  ('accounts: NULL amount',
+   $t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES ('t08_null_amount', 'cus_t08', NULL)$t$,
+   '23502', 'null value in column "amount_cents" of relation "accounts" violates not-null constraint'),
+  ('accounts: unknown currency xyz',
+   $t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency) VALUES ('t08_xyz', 'cus_t08xyz', 100, 'xyz')$t$,
+   '23503', 'insert or update on table "accounts" violates foreign key constraint "accounts_currency_fkey"'),
+  ('accounts: upper-case currency USD',
+   $t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency) VALUES ('t08_upper', 'cus_t08upper', 100, 'USD')$t$,
+   '23503', 'insert or update on table "accounts" violates foreign key constraint "accounts_currency_fkey"'),
+  ('accounts: NULL currency',
+   $t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency) VALUES ('t08_nullcur', 'cus_t08', 100, NULL)$t$,
+   '23502', 'null value in column "currency" of relation "accounts" violates not-null constraint'),
+  ('accounts: stripe_customer not cus_...',
+   $t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES ('t08_badcus', 'acct_123', 100)$t$,
+   '23514', 'new row for relation "accounts" violates check constraint "accounts_stripe_customer_valid"'),
+  ('accounts: empty stripe_customer',
+   $t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES ('t08_emptycus', '', 100)$t$,
+   '23514', 'new row for relation "accounts" violates check constraint "accounts_stripe_customer_valid"'),
+  ('accounts: SQL-injection-looking stripe_customer',
+   $t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES ('t08_injcus', $$x'); DROP TABLE billguard.accounts; --$$, 100)$t$,
+   '23514', 'new row for relation "accounts" violates check constraint "accounts_stripe_customer_valid"'),
+  ('accounts: NULL stripe_customer',
+   $t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES ('t08_nullcus', NULL, 100)$t$,
+   '23502', 'null value in column "stripe_customer" of relation "accounts" violates not-null constraint'),
+  ('accounts: NULL customer_id',
+   $t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES (NULL, 'cus_t08', 100)$t$,
+   '23502', 'null value in column "customer_id" of relation "accounts" violates not-null constraint'),
+  ('accounts: empty customer_id',
+   $t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES ('', 'cus_t08', 100)$t$,
+   '23514', 'new row for relation "accounts" violates check constraint "accounts_customer_id_valid"'),
+  ('accounts: customer_id with a leading blank',
+   $t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES (' t08_blank', 'cus_t08', 100)$t$,
+   '23514', 'new row for relation "accounts" violates check constraint "accounts_customer_id_valid"'),
+  ('accounts: customer_id with a control character',
+   $t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES (E't08_tab\t', 'cus_t08', 100)$t$,
+   '23514', 'new row for relation "accounts" violates check constraint "accounts_customer_id_valid"'),
+  ('accounts: 10 kB customer_id',
+   $t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES (repeat('x', 10240), 'cus_t08', 100)$t$,
+   '23514', 'new row for relation "accounts" violates check constraint "accounts_customer_id_valid"'),
+  ('accounts: 256-byte customer_id',
+   $t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES (repeat('x', 256), 'cus_t08', 100)$t$,
+   '23514', 'new row for relation "accounts" violates check constraint "accounts_customer_id_valid"'),
+  ('accounts: malformed payment_method',
+   $t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, payment_method) VALUES ('t08_pm', 'cus_t08', 100, 'PM 1')$t$,
+   '23514', 'new row for relation "accounts" violates check constraint "accounts_payment_method_valid"'),
+  ('accounts: duplicate customer_id',
+   $t$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES ('t08_good', 'cus_t08dup', 100)$t$,
+   '23505', 'duplicate key value violates unique constraint "accounts_pkey"'),
+  ('accounts: UPDATE to a zero amount',
+   $t$UPDATE billguard.accounts SET amount_cents = 0 WHERE customer_id = 't08_good'$t$,
+   '23514', 'new row for relation "accounts" violates check constraint "accounts_amount_positive"'),
+  ('accounts: UPDATE to upper-case currency',
+   $t$UPDATE billguard.accounts SET currency = 'USD' WHERE customer_id = 't08_good'$t$,
+   '23503', 'insert or update on table "accounts" violates foreign key constraint "accounts_currency_fkey"'),
+  ('append_event: negative expected_seq_nr',
+   $t$SELECT billguard.append_event($$x'); DROP TABLE billguard.accounts; --$$, -5, 'E', '{}')$t$,
+   '22023', 'expected_seq_nr must be >= 0')
+) AS refusal(label, statement, sqlstate, message);
 
 -- The table really is still there, and a SQL-injection-looking customer id is
 -- just data: it can be an account and be billed like any other.

@@ -1,18 +1,18 @@
 -- 13_accounts.sql: what billguard.accounts accepts, and what it never lets
 -- change once an account is billed.
 --
--- Proves (issue 6): look-alike customer ids are refused with 23514 naming
+-- Proves: look-alike customer ids are refused with 23514 naming
 -- accounts_customer_id_valid: a blank or invisible first or last character
 -- (White_Space, format characters such as zero-width, bidi and tag
 -- characters, fillers, variation selectors) and text that is not NFC, on
 -- INSERT and UPDATE, and bill_customer of such an id is 23503, so one
--- Stripe customer is billed once a period (item 8); an account with billing
+-- Stripe customer is billed once a period; an account with billing
 -- records keeps its customer_id, is never deleted and never truncated away
 -- (23001), an unbilled one may be renamed or deleted, and the
--- accounts-maintainer grants of docs/privileges.md get 23001, not a permission error (item 7);
--- updated_at follows every change and only changes (item 11); amount_cents
+-- accounts-maintainer grants of docs/privileges.md get 23001, not a permission error;
+-- updated_at follows every change and only changes; amount_cents
 -- above Stripe's 99,999,999 is refused (23514), and period_status sums
--- amounts above bigint in numeric, without "bigint out of range" (item 21).
+-- amounts above bigint in numeric, without "bigint out of range".
 BEGIN;
 SELECT plan(54);
 
@@ -24,7 +24,8 @@ CREATE FUNCTION pg_temp.t13_counts() RETURNS text LANGUAGE sql AS $$
 $$;
 
 ------------------------------------------------------------------------------
--- Item 8: look-alike customer ids.
+-- Look-alike customer ids: two ids a reader cannot tell apart would bill
+-- one Stripe customer twice.
 INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES ('t13_c1', 'cus_t13c1', 1000);
 SELECT pg_temp.t13_counts() AS baseline \gset
 CREATE TEMP TABLE t13_lookalike (label text, id text);
@@ -74,7 +75,7 @@ SELECT is((SELECT count(*) FROM billguard.billing_records WHERE stripe_customer 
           'Stripe customer cus_t13c1 is billed once for the period');
 
 ------------------------------------------------------------------------------
--- Item 7: a billed account keeps its id.
+-- A billed account keeps its id: a renamed one would be billed again.
 INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES
   ('t13_billed', 'cus_t13billed', 1000), ('t13_unbilled', 'cus_t13unbilled', 1000);
 UPDATE billguard.accounts SET active = false WHERE customer_id = 't13_unbilled';
@@ -130,7 +131,7 @@ SELECT is((SELECT status FROM billguard.billing_records WHERE customer_id = 't13
           'cancelled', 'the maintainer''s deactivation cancelled the never-sent record');
 
 ------------------------------------------------------------------------------
--- Item 11: updated_at.
+-- updated_at: it says when the account last changed, and nothing else.
 INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, created_at, updated_at)
 VALUES ('t13_touched', 'cus_t13touched', 1000, now() - interval '2 days', now() - interval '2 days');
 UPDATE billguard.accounts SET active = active WHERE customer_id = 't13_touched';
@@ -143,7 +144,7 @@ SELECT is((SELECT created_at FROM billguard.accounts WHERE customer_id = 't13_to
           'created_at stays');
 
 ------------------------------------------------------------------------------
--- Item 21: Stripe's largest charge, and sums that overflow bigint.
+-- Stripe's largest charge, and sums that overflow bigint.
 SELECT lives_ok($$INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents)
                   VALUES ('t13_max', 'cus_t13max', 99999999)$$,
                 'amount_cents 99,999,999 (Stripe''s largest charge) is accepted');

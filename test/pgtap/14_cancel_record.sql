@@ -1,5 +1,5 @@
 -- 14_cancel_record.sql: a billing that was never sent can be withdrawn; one
--- that may have been sent cannot (issue 6, item 19).
+-- that may have been sent cannot.
 --
 -- Proves: cancel_record of a pending record never claimed answers
 -- 'cancelled', journals BillingCancelled (who, previous status, reason),

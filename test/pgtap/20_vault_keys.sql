@@ -1,5 +1,5 @@
 -- 20_vault_keys.sql: issuing vault keys, budgets shared by a period's keys,
--- caps raised only, revocation, and what pg_dump carries (issue 8).
+-- caps raised only, revocation, and what pg_dump carries.
 --
 -- Proves: issue_vault_key returns a vk_test_/vk_live_ secret of 32 base62
 -- characters once and stores only its SHA-256; a second key of the period

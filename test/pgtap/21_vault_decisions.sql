@@ -1,5 +1,5 @@
 -- 21_vault_decisions.sql: vault_authorize and vault_settle, the proxy's
--- decisions (issue 8).
+-- decisions.
 --
 -- Proves: unknown, revoked and expired keys are 401; another endpoint or
 -- method and another currency are 403; reads are forwarded uncounted; a

@@ -1,5 +1,5 @@
 -- 28_await_billing.sql: await_billing answers a caller with the outcome of a
--- billing, or says why it cannot (issue 7, "Answers for callers").
+-- billing, or says why it cannot.
 --
 -- Proves: a record in each terminal status (completed, failed, blocked,
 -- needs_review, cancelled) is answered at once with its status and charge

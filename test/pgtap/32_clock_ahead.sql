@@ -1,4 +1,4 @@
--- 29_clock_ahead.sql: a clock that jumps a month ahead.
+-- 32_clock_ahead.sql: a clock that jumps a month ahead.
 --
 -- Proves: a tick at a clock a month ahead bills the month early, once
 -- (nothing can tell the clock is wrong at that moment); once the clock is

@@ -7,17 +7,17 @@ use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use BillguardTest;
+use BillguardNode;
 
-my $node = billguard_node('concurrent');
-add_accounts($node, 10_000);
+my $node = BillguardNode->preloaded('concurrent');
+$node->add_accounts(10_000);
 
 # 8 x bill_period('2026-08'), released together.
-my $gate = start_gate($node);
+my $gate = $node->start_gate;
 my @racers = map {
-	race_psql($node,
-		"SELECT initiated, already_completed, in_progress, failed FROM billguard.bill_period('2026-08')")
+	$node->race_psql("SELECT initiated, already_completed, in_progress, failed FROM billguard.bill_period('2026-08')")
 } 1 .. 8;
-release_gate($node, $gate, 8);
+$node->release_gate($gate, 8);
 finish_race(@racers);
 
 my $initiated_total = 0;
@@ -49,14 +49,14 @@ is($node->safe_psql('postgres', q{
 
 # 8 sessions x 100 calls of bill_customer for the same customer, each call its
 # own transaction with its own request id.
-$gate = start_gate($node);
+$gate = $node->start_gate;
 @racers = map {
 	my $s = $_;
-	race_psql($node, join(";\n", map {
+	$node->race_psql(join(";\n", map {
 		"SELECT status || ' ' || idempotency_key FROM billguard.bill_customer('cust_000001', '2026-09', 'req-$s-$_')"
 	} 1 .. 100));
 } 1 .. 8;
-release_gate($node, $gate, 8);
+$node->release_gate($gate, 8);
 finish_race(@racers);
 
 my %statuses;

@@ -5,10 +5,10 @@ use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use BillguardTest;
+use BillguardNode;
 
-my $node = billguard_node('restart');
-add_accounts($node, 100);
+my $node = BillguardNode->preloaded('restart');
+$node->add_accounts(100);
 
 my $first = $node->safe_psql('postgres',
 	"SELECT status || ' ' || idempotency_key FROM billguard.bill_customer('cust_000001', '2026-08', 'before-crash')");

@@ -7,14 +7,15 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(sleep);
 use BillguardTest;
+use BillguardNode;
 
 my $emulator = start_emulator(latency_ms => 5);
-my $node = dispatch_node('happy', $emulator);
-add_accounts($node, 1000);
+my $node = BillguardNode->dispatching('happy', $emulator);
+$node->add_accounts(1000);
 
 is($node->safe_psql('postgres', "SELECT initiated FROM billguard.bill_period('2026-08')"), '1000',
 	'bill_period initiates 1,000 billings');
-ok(wait_until_settled($node, '2026-08'), 'every record settles');
+ok($node->wait_until_settled('2026-08'), 'every record settles');
 
 is($node->safe_psql('postgres',
 	"SELECT string_agg(status || '=' || n, ',') FROM (SELECT status, count(*) n FROM billguard.billing_records GROUP BY 1) s"),

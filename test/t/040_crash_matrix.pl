@@ -30,16 +30,17 @@ use Test::More;
 use JSON::PP;
 use Time::HiRes qw(sleep time);
 use BillguardTest;
+use BillguardNode;
 use DispatchScenario;
 
 my $emulator_log = "$PostgreSQL::Test::Utils::log_path/040_emulator.log";
 my $emulator = StripeEmulatorHarness->start(quiet => 0, stderr => $emulator_log);
-my $node = dispatch_node('crash_matrix', $emulator,
+my $node = BillguardNode->dispatching('crash_matrix', $emulator,
 	"log_line_prefix = '%m [%p] %b '",
 	"restart_after_crash = on");
-add_accounts($node, 20);
+$node->add_accounts(20);
 
-# ---- helpers (shared ones: DispatchScenario) ---------------------------------
+# ---- helpers (shared ones: test/lib) ---------------------------------------
 
 # What explain_case shows of the server log.
 my @explain = (
@@ -49,7 +50,7 @@ my @explain = (
 # Crashes the cluster in the way $kind says; returns the new dispatcher's pid.
 sub crash {
 	my ($kind) = @_;
-	my $old = dispatcher_pid($node);
+	my $old = $node->dispatcher_pid;
 	if ($kind eq 'A') {
 		die "no dispatcher to kill" unless $old;
 		kill('KILL', $old) or die "kill -9 $old: $!";
@@ -57,7 +58,7 @@ sub crash {
 		$node->stop('immediate');
 		$node->start;
 	}
-	my $new = wait_for_new_dispatcher($node, $old, 60);
+	my $new = $node->wait_for_new_dispatcher($old, 60);
 	note("crash $kind: dispatcher $old replaced by " . ($new || 'nothing'));
 	return $new;
 }
@@ -66,27 +67,27 @@ sub crash {
 sub assert_charged_once {
 	my ($label, $customer, $period, $key, %expect) = @_;
 	my $failed = failures();
-	ok(wait_for("$customer/$period completed", 30,
-		sub { status_of($node, $customer, $period) eq 'completed' }), "$label: record completed after the restart");
+	ok(wait_until("$customer/$period completed", 30,
+		sub { $node->status_of($customer, $period) eq 'completed' }), "$label: record completed after the restart");
 	my $succeeded = succeeded_for_key($emulator, $key);
 	is(scalar(@$succeeded), 1, "$label: exactly one succeeded charge at the emulator for the key");
 	is(scalar(@{ ledger_for_key($emulator, $key) }), 1, "$label: exactly one object of any status for the key");
 	my $charge_id = @$succeeded ? $succeeded->[0]{id} : '(none)';
-	is(q1($node, "SELECT charge_id FROM billguard.billing_records WHERE customer_id = '$customer' AND billing_period = '$period'"),
+	is($node->q1("SELECT charge_id FROM billguard.billing_records WHERE customer_id = '$customer' AND billing_period = '$period'"),
 		$charge_id, "$label: the record carries exactly that charge id");
 	if (defined $expect{original_id}) {
 		is($charge_id, $expect{original_id}, "$label: it is the charge created before the crash");
 	}
-	is(q1($node, qq{
+	is($node->q1(qq{
 		SELECT string_agg(event ->> 'charge_id' || '/' || (event ->> 'replayed'), ',')
 		  FROM billguard.journal
 		 WHERE persistence_id = 'billing-$customer-$period' AND event_type = 'BillingCompleted'}),
 		"$charge_id/$expect{replayed}",
 		"$label: one BillingCompleted with that id, replayed = $expect{replayed}");
-	is(event_types($node, $customer, $period, 'replayed'), $expect{events}, "$label: journal events");
-	is(q1($node, "SELECT attempts FROM billguard.billing_records WHERE customer_id = '$customer' AND billing_period = '$period'"),
+	is($node->event_types($customer, $period, 'replayed'), $expect{events}, "$label: journal events");
+	is($node->q1("SELECT attempts FROM billguard.billing_records WHERE customer_id = '$customer' AND billing_period = '$period'"),
 		'2', "$label: two attempts: the interrupted one and the one after the restart");
-	is(q1($node, "SELECT billguard.entity_state('billing-$customer-$period') ->> 'charge_id'"), $charge_id,
+	is($node->q1("SELECT billguard.entity_state('billing-$customer-$period') ->> 'charge_id'"), $charge_id,
 		"$label: the folded entity state has the charge id");
 	explain_case($node, $emulator, $customer, $period, $key, @explain) if failures() > $failed;
 	return failures() == $failed;
@@ -97,32 +98,32 @@ sub assert_charged_once {
 sub case_a {
 	my ($kind, $decoy, $customer, $period) = @_;
 	my $label = "$kind-a (crash after claim, before send)";
-	my $key = key_of($node, $customer, $period);
+	my $key = $node->key_of($customer, $period);
 
 	# A rate of 0.1/s: after the decoy's request the next claimed row waits
 	# ~10 s in the dispatcher's ready queue, claimed but not sent.
-	set_rate($node, 0.1);
-	is(bill($node, $decoy, $period), 'initiated', "$label: decoy $decoy initiated");
-	ok(wait_for("decoy $decoy completed", 20, sub { status_of($node, $decoy, $period) eq 'completed' }),
+	$node->set_rate(0.1);
+	is($node->bill($decoy, $period), 'initiated', "$label: decoy $decoy initiated");
+	ok(wait_until("decoy $decoy completed", 20, sub { $node->status_of($decoy, $period) eq 'completed' }),
 		"$label: the decoy is charged (it starts the 10 s pacing interval)");
 	my $requests_before = $emulator->stats->{requests};
 
-	is(bill($node, $customer, $period), 'initiated', "$label: $customer initiated");
-	my $claimed = wait_for("$customer claimed", 10, sub { status_of($node, $customer, $period) eq 'dispatching' });
+	is($node->bill($customer, $period), 'initiated', "$label: $customer initiated");
+	my $claimed = wait_until("$customer claimed", 10, sub { $node->status_of($customer, $period) eq 'dispatching' });
 	# Back to the fast rate for the next dispatcher; the running one keeps
 	# its paced start time for the claimed row, so it stays unsent.
-	set_rate($node, undef);
+	$node->set_rate(undef);
 
 	my $failed = failures();
 	ok($claimed, "$label: the record is claimed ('dispatching')");
-	is(q1($node, qq{SELECT count(*) FROM billguard.journal
+	is($node->q1(qq{SELECT count(*) FROM billguard.journal
 		WHERE persistence_id = 'billing-$customer-$period' AND event_type = 'ChargeAttempted'}), '1',
 		"$label: the claim journaled its ChargeAttempted");
 	my $seen = scalar(@{ ledger_for_key($emulator, $key) });
 	my $requests_at_crash = $emulator->stats->{requests};
 	is($seen, 0, "$label: before the crash the emulator holds no object for the key");
 	is($requests_at_crash, $requests_before, "$label: before the crash the emulator received no request at all since the decoy");
-	is(status_of($node, $customer, $period), 'dispatching', "$label: still dispatching right before the crash");
+	is($node->status_of($customer, $period), 'dispatching', "$label: still dispatching right before the crash");
 	explain_case($node, $emulator, $customer, $period, $key, @explain) if failures() > $failed;
 
 	ok(crash($kind), "$label: a new dispatcher runs after the crash");
@@ -139,13 +140,13 @@ sub case_bc {
 	my $label = $point eq 'b'
 	  ? "$kind-b (crash after Stripe committed, no answer reached the worker)"
 	  : "$kind-c (crash after the answer arrived, before the database commit)";
-	my $key = key_of($node, $customer, $period);
+	my $key = $node->key_of($customer, $period);
 
 	if ($point eq 'b') {
 		# A request just before leaves a keep-alive connection in the
 		# dispatcher's cache, so the charge goes out on a reused connection.
-		is(bill($node, $decoy, $period), 'initiated', "$label: decoy $decoy initiated");
-		ok(wait_for("decoy $decoy completed", 20, sub { status_of($node, $decoy, $period) eq 'completed' }),
+		is($node->bill($decoy, $period), 'initiated', "$label: decoy $decoy initiated");
+		ok(wait_until("decoy $decoy completed", 20, sub { $node->status_of($decoy, $period) eq 'completed' }),
 			"$label: the decoy is charged (a warm connection)");
 	}
 	# The emulator sleeps 1 s before it executes a charge: time for the lock
@@ -156,15 +157,15 @@ sub case_bc {
 		$emulator->add_fault(kind => 'commit_then_drop', count => 2);
 	}
 	my $lock = start_row_lock($node, $customer, $period);
-	is(bill($node, $customer, $period), 'initiated', "$label: $customer initiated");
+	is($node->bill($customer, $period), 'initiated', "$label: $customer initiated");
 	my $seen = row_lock_taken($lock);
 
 	my $failed = failures();
 	is($seen, 'dispatching:1', "$label: row lock taken while the first attempt is in flight");
-	ok(wait_for('the charge at the emulator', 15, sub { scalar(@{ succeeded_for_key($emulator, $key) }) == 1 }),
+	ok(wait_until('the charge at the emulator', 15, sub { scalar(@{ succeeded_for_key($emulator, $key) }) == 1 }),
 		"$label: the emulator committed the charge");
-	ok(wait_for('the answer waiting for the row lock', 15,
-			sub { answer_waits_for_row_lock($node, $customer, $period) }),
+	ok(wait_until('the answer waiting for the row lock', 15,
+			sub { $node->answer_waits_for_row_lock($customer, $period) }),
 		"$label: the answer arrived and waits for the row lock (the dispatcher itself never waits)");
 	$emulator->configure(latency_ms => 0);
 	my $at_crash = $emulator->stats;
@@ -180,7 +181,7 @@ sub case_bc {
 	}
 	note("$label: requests during the first attempt: " . ($at_crash->{requests} - $before->{requests})
 		. ', replayed: ' . ($at_crash->{replayed} - $before->{replayed}));
-	is(q1($node, "SELECT status || ':' || attempts FROM billguard.billing_records WHERE customer_id = '$customer' AND billing_period = '$period'"),
+	is($node->q1("SELECT status || ':' || attempts FROM billguard.billing_records WHERE customer_id = '$customer' AND billing_period = '$period'"),
 		'dispatching:1', "$label: nothing recorded before the crash");
 	explain_case($node, $emulator, $customer, $period, $key, @explain) if failures() > $failed;
 
@@ -214,14 +215,14 @@ is(scalar(@doubles), 0, 'no key has more than one succeeded charge at the emulat
   or diag('charged more than once: ' . join(', ', map { "$_ => [@{ $by_key->{$_} }]" } @doubles));
 is(scalar(keys %$by_key), 10, 'ten keys charged: six crash cases and four decoys');
 is(scalar(@{ $emulator->ledger }), 10, 'the emulator created ten objects in all');
-is(q1($node, q{SELECT string_agg(status || '=' || n, ',') FROM
+is($node->q1(q{SELECT string_agg(status || '=' || n, ',') FROM
 	(SELECT status, count(*) n FROM billguard.billing_records GROUP BY 1 ORDER BY 1) s}),
 	'completed=10', 'all ten records completed');
 my %record_charge = map { split /\|/ } split /\n/,
-  q1($node, q{SELECT idempotency_key || '|' || coalesce(charge_id, '') FROM billguard.billing_records});
+  $node->q1(q{SELECT idempotency_key || '|' || coalesce(charge_id, '') FROM billguard.billing_records});
 is(join(',', grep { ($record_charge{$_} // '') ne ($by_key->{$_}[0] // '') } sort keys %$by_key), '',
 	"every record carries its key's only charge id");
-is(q1($node, q{SELECT count(*) FROM billguard.accounts a WHERE (SELECT count(*) FROM billguard.billing_records r
+is($node->q1(q{SELECT count(*) FROM billguard.accounts a WHERE (SELECT count(*) FROM billguard.billing_records r
 	WHERE r.customer_id = a.customer_id) > 1}), '0', 'no customer has more than one record');
 
 $node->stop;

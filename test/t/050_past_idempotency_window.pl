@@ -18,18 +18,19 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(sleep time);
 use BillguardTest;
+use BillguardNode;
 use DispatchScenario;
 
 my $ttl = 3;    # seconds the emulator keeps an idempotency key
 my $emulator_log = "$PostgreSQL::Test::Utils::log_path/050_emulator.log";
 my $emulator = StripeEmulatorHarness->start(quiet => 0, stderr => $emulator_log,
 	args => [ '--idempotency-ttl', $ttl ]);
-my $node = dispatch_node('past_window', $emulator,
+my $node = BillguardNode->dispatching('past_window', $emulator,
 	"log_line_prefix = '%m [%p] %b '",
 	"billguard.idempotency_window = '1s'");
-add_accounts($node, 10);
+$node->add_accounts(10);
 
-# ---- helpers (shared ones: DispatchScenario) ---------------------------------
+# ---- helpers (shared ones: test/lib) ---------------------------------------
 
 # What explain_case shows of the server and emulator logs.
 my @explain = (
@@ -62,24 +63,24 @@ my $control_created_at = time;
 # ---- found: the charge exists, its key is pruned, the record is dispatching ----
 
 my ($customer, $decoy, $period) = ('cust_000001', 'cust_000002', '2026-09');
-my $key = key_of($node, $customer, $period);
+my $key = $node->key_of($customer, $period);
 my $failed = failures();
 
 # The decoy leaves a warm keep-alive connection in the dispatcher, so the
 # charge goes out on a reused connection and libcurl re-sends it by itself
 # when the connection dies; two drops leave the worker with no answer at all.
-is(bill($node, $decoy, $period), 'initiated', 'found: decoy initiated');
-ok(wait_for('decoy completed', 20, sub { status_of($node, $decoy, $period) eq 'completed' }), 'found: decoy charged');
+is($node->bill($decoy, $period), 'initiated', 'found: decoy initiated');
+ok(wait_until('decoy completed', 20, sub { $node->status_of($decoy, $period) eq 'completed' }), 'found: decoy charged');
 
 $emulator->configure(latency_ms => 1000);
 my $before = $emulator->stats;
 $emulator->add_fault(kind => 'commit_then_drop', count => 2);
 my $lock = start_row_lock($node, $customer, $period);
-is(bill($node, $customer, $period), 'initiated', 'found: billing initiated');
+is($node->bill($customer, $period), 'initiated', 'found: billing initiated');
 is(row_lock_taken($lock), 'dispatching:1', 'found: row lock taken while the first attempt is in flight');
-ok(wait_for('the charge at the emulator', 15, sub { @{ succeeded_for_key($emulator, $key) } == 1 }),
+ok(wait_until('the charge at the emulator', 15, sub { @{ succeeded_for_key($emulator, $key) } == 1 }),
 	'found: the emulator committed the charge');
-ok(wait_for('the answer waiting for the row lock', 15, sub { answer_waits_for_row_lock($node, $customer, $period) }),
+ok(wait_until('the answer waiting for the row lock', 15, sub { $node->answer_waits_for_row_lock($customer, $period) }),
 	'found: no answer reached the worker, and it cannot record that while the row is locked');
 $emulator->configure(latency_ms => 0);
 my $at_crash = $emulator->stats;
@@ -87,7 +88,7 @@ is($at_crash->{faults_applied} - $before->{faults_applied}, 2, 'found: both drop
 my $original = succeeded_for_key($emulator, $key);
 my $original_id = @$original ? $original->[0]{id} : '(none)';
 my $charged_at = time;
-is(status_of($node, $customer, $period), 'dispatching', 'found: the record is dispatching when the server crashes');
+is($node->status_of($customer, $period), 'dispatching', 'found: the record is dispatching when the server crashes');
 
 $node->stop('immediate');
 end_row_lock($lock);
@@ -107,19 +108,19 @@ cmp_ok(time - $control_created_at, '>', $ttl, 'control: the control key is past 
 
 my $stats_before_start = $emulator->stats;
 $node->start;
-ok(wait_for("$customer/$period settled", 30, sub { status_of($node, $customer, $period) eq 'completed' }),
+ok(wait_until("$customer/$period settled", 30, sub { $node->status_of($customer, $period) eq 'completed' }),
 	'found: the record is completed after the restart');
 is(scalar(@{ succeeded_for_key($emulator, $key) }), 1, 'found: the emulator still holds exactly ONE succeeded charge for the key');
 is(scalar(@{ ledger_for_key($emulator, $key) }), 1, 'found: and exactly one object of any status');
-is(q1($node, "SELECT charge_id FROM billguard.billing_records WHERE customer_id = '$customer' AND billing_period = '$period'"),
+is($node->q1("SELECT charge_id FROM billguard.billing_records WHERE customer_id = '$customer' AND billing_period = '$period'"),
 	$original_id, 'found: the record carries the original charge id');
-is(q1($node, qq{SELECT string_agg((event ->> 'charge_id') || '/' || (event ->> 'via'), ',') FROM billguard.journal
+is($node->q1(qq{SELECT string_agg((event ->> 'charge_id') || '/' || (event ->> 'via'), ',') FROM billguard.journal
 	WHERE persistence_id = 'billing-$customer-$period' AND event_type = 'ChargeReconciled'}),
 	"$original_id/search", 'found: one ChargeReconciled event with the original id, via search');
-is(event_types($node, $customer, $period, 'action', 'replayed'),
+is($node->event_types($customer, $period, 'action', 'replayed'),
 	'BillingInitiated,ChargeAttempted(charge),ChargeAttempted(search),ChargeReconciled',
 	'found: journal: the interrupted charge, then a search that reconciled');
-is(q1($node, "SELECT billguard.entity_state('billing-$customer-$period') ->> 'status' || '/' || (billguard.entity_state('billing-$customer-$period') ->> 'charge_id')"),
+is($node->q1("SELECT billguard.entity_state('billing-$customer-$period') ->> 'status' || '/' || (billguard.entity_state('billing-$customer-$period') ->> 'charge_id')"),
 	"completed/$original_id", 'found: the folded entity state is completed with the original id');
 my $after = $emulator->stats;
 is($after->{created} - $stats_before_start->{created}, 0, 'found: nothing was created at the emulator after the restart');
@@ -142,30 +143,30 @@ is(scalar(@{ succeeded_for_key($emulator, $key) }), 2, 'control: (the emulator h
 # ---- absent: claimed, never sent, past the window ------------------------------
 
 my ($customer2, $decoy2, $period2) = ('cust_000003', 'cust_000004', '2026-10');
-my $key2 = key_of($node, $customer2, $period2);
+my $key2 = $node->key_of($customer2, $period2);
 $failed = failures();
 
 # At 0.1 requests per second the row claimed after the decoy waits ~10 s.
-set_rate($node, 0.1);
-is(bill($node, $decoy2, $period2), 'initiated', 'absent: decoy initiated');
-ok(wait_for('decoy completed', 20, sub { status_of($node, $decoy2, $period2) eq 'completed' }), 'absent: decoy charged');
+$node->set_rate(0.1);
+is($node->bill($decoy2, $period2), 'initiated', 'absent: decoy initiated');
+ok(wait_until('decoy completed', 20, sub { $node->status_of($decoy2, $period2) eq 'completed' }), 'absent: decoy charged');
 my $requests_before = $emulator->stats->{requests};
-is(bill($node, $customer2, $period2), 'initiated', 'absent: billing initiated');
-ok(wait_for('claimed', 10, sub { status_of($node, $customer2, $period2) eq 'dispatching' }), 'absent: the record is claimed');
-set_rate($node, undef);
+is($node->bill($customer2, $period2), 'initiated', 'absent: billing initiated');
+ok(wait_until('claimed', 10, sub { $node->status_of($customer2, $period2) eq 'dispatching' }), 'absent: the record is claimed');
+$node->set_rate(undef);
 is(scalar(@{ ledger_for_key($emulator, $key2) }), 0, 'absent: the emulator has no object for the key before the crash');
 is($emulator->stats->{requests}, $requests_before, 'absent: and received no request since the decoy');
 $node->stop('immediate');
 sleep 1.5;    # past billguard.idempotency_window (1 s) since the first dispatch
 $node->start;
-ok(wait_for("$customer2/$period2 settled", 30, sub { status_of($node, $customer2, $period2) eq 'completed' }),
+ok(wait_until("$customer2/$period2 settled", 30, sub { $node->status_of($customer2, $period2) eq 'completed' }),
 	'absent: the record is completed after the restart');
 my $charges2 = succeeded_for_key($emulator, $key2);
 is(scalar(@$charges2), 1, 'absent: exactly one succeeded charge for the key');
-is(q1($node, "SELECT charge_id FROM billguard.billing_records WHERE customer_id = '$customer2' AND billing_period = '$period2'"),
+is($node->q1("SELECT charge_id FROM billguard.billing_records WHERE customer_id = '$customer2' AND billing_period = '$period2'"),
 	(@$charges2 ? $charges2->[0]{id} : '(none)'), 'absent: the record carries its id');
 is($charges2->[0]{idempotency_key} // '', $key2, 'absent: sent with the stored key');
-is(event_types($node, $customer2, $period2, 'action', 'replayed'),
+is($node->event_types($customer2, $period2, 'action', 'replayed'),
 	'BillingInitiated,ChargeAttempted(charge),ChargeAttempted(search),BillingCompleted(false)',
 	'absent: journal: claim, crash, search found nothing, one charge');
 explain_case($node, $emulator, $customer2, $period2, $key2, @explain) if failures() > $failed;
@@ -175,7 +176,7 @@ explain_case($node, $emulator, $customer2, $period2, $key2, @explain) if failure
 my $by_key = charges_by_key($emulator);
 my @doubles = grep { $_ ne $key && $_ ne $control_key && @{ $by_key->{$_} } != 1 } sort keys %$by_key;
 is(join(',', @doubles), '', 'no other key has more than one succeeded charge');
-is(q1($node, q{SELECT string_agg(status || '=' || n, ',') FROM
+is($node->q1(q{SELECT string_agg(status || '=' || n, ',') FROM
 	(SELECT status, count(*) n FROM billguard.billing_records GROUP BY 1 ORDER BY 1) s}),
 	'completed=4', 'all four records completed');
 

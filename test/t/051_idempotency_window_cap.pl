@@ -17,51 +17,51 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(sleep time);
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 
 my $ttl = 3;
 my $emulator = start_emulator(idempotency_ttl => $ttl);
-my $node = dispatch_node('window_cap', $emulator, "billguard.idempotency_window = '2d'");
+my $node = BillguardNode->dispatching('window_cap', $emulator, "billguard.idempotency_window = '2d'");
 
 # ---- setting ----------------------------------------------------------------------------
 
-is(q1($node, 'SHOW billguard.idempotency_window'), '23h',
+is($node->q1('SHOW billguard.idempotency_window'), '23h',
 	"postgresql.conf's 2d is not applied: the default 23h is in force");
 like(slurp_file($node->logfile),
 	qr/WARNING:  172800 s is outside the valid range for parameter "billguard.idempotency_window" \(1( s)? \.\. 86400( s)?\)/,
 	'the server says so at start');
-is(q1($node, q{SELECT applied || ' ' || error FROM pg_file_settings WHERE name = 'billguard.idempotency_window'}),
+is($node->q1(q{SELECT applied || ' ' || error FROM pg_file_settings WHERE name = 'billguard.idempotency_window'}),
 	'false setting could not be applied', 'pg_file_settings shows the line was not applied');
-is(q1($node, q{SELECT max_val FROM pg_settings WHERE name = 'billguard.idempotency_window'}), '86400',
+is($node->q1(q{SELECT max_val FROM pg_settings WHERE name = 'billguard.idempotency_window'}), '86400',
 	'its maximum is 24 hours');
 my ($rc, $out, $err) = $node->psql('postgres', "ALTER SYSTEM SET billguard.idempotency_window = '25h'");
 like($err, qr/ERROR:  90000 s is outside the valid range for parameter "billguard.idempotency_window" \(1( s)? \.\. 86400( s)?\)/,
 	'ALTER SYSTEM refuses 25h');
-is(q1($node, q{SELECT count(*) FROM pg_file_settings WHERE sourcefile LIKE '%postgresql.auto.conf' AND name = 'billguard.idempotency_window'}),
+is($node->q1(q{SELECT count(*) FROM pg_file_settings WHERE sourcefile LIKE '%postgresql.auto.conf' AND name = 'billguard.idempotency_window'}),
 	'0', 'and writes nothing');
 ($rc, $out, $err) = $node->psql('postgres', "ALTER SYSTEM SET billguard.idempotency_window = '24h'");
 is($rc, 0, 'ALTER SYSTEM takes 24h') or diag($err);
-q1($node, 'ALTER SYSTEM RESET billguard.idempotency_window');
+$node->q1('ALTER SYSTEM RESET billguard.idempotency_window');
 
 # ---- billing ----------------------------------------------------------------------------
 
-add_accounts($node, 1);
+$node->add_accounts(1);
 my ($customer, $period) = ('cust_000001', '2026-09');
-my $key = key_of($node, $customer, $period);
+my $key = $node->key_of($customer, $period);
 
 # Nothing is sent while the key file is missing.
-reload_with($node, api_key_file => $node->basedir . '/missing.key');
-ok(wait_for('the dispatcher to pause', 20, sub {
-	q1($node, 'SELECT paused FROM billguard.dispatch_status') eq 't' }), 'the dispatcher is paused');
-is(bill($node, $customer, $period), 'initiated', 'billing initiated');
+$node->reload_with(api_key_file => $node->basedir . '/missing.key');
+ok(wait_until('the dispatcher to pause', 20, sub {
+	$node->q1('SELECT paused FROM billguard.dispatch_status') eq 't' }), 'the dispatcher is paused');
+is($node->bill($customer, $period), 'initiated', 'billing initiated');
 
 # What a first attempt 25 hours ago left: the charge at Stripe, its answer lost.
-q1($node, qq{
+$node->q1(qq{
 	UPDATE billguard.billing_records
 	   SET created_at = now() - interval '25 hours', first_dispatched_at = now() - interval '25 hours',
 	       attempts = 1
 	 WHERE customer_id = '$customer' AND billing_period = '$period'});
-my $body = q1($node, qq{
+my $body = $node->q1(qq{
 	SELECT billguard.charge_request_body('/v1/payment_intents', idempotency_key, customer_id, billing_period,
 	                                     amount_cents, currency, stripe_customer, payment_method)
 	  FROM billguard.billing_records WHERE customer_id = '$customer' AND billing_period = '$period'});
@@ -70,13 +70,13 @@ is($first->{status}, 200, 'the first attempt charged');
 my $charge = $first->{json}{id} // '(none)';
 sleep $ttl + 1;    # Stripe's memory of the key is gone
 
-reload_with($node, api_key_file => $node->basedir . '/stripe.key');
-ok(wait_for("$customer/$period settled", 30, sub { status_of($node, $customer, $period) eq 'completed' }),
+$node->reload_with(api_key_file => $node->basedir . '/stripe.key');
+ok(wait_until("$customer/$period settled", 30, sub { $node->status_of($customer, $period) eq 'completed' }),
 	'the record is completed');
 is(scalar(@{ succeeded_for_key($emulator, $key) }), 1, 'exactly one charge at the emulator for the key');
-is(q1($node, "SELECT charge_id FROM billguard.billing_records WHERE customer_id = '$customer' AND billing_period = '$period'"),
+is($node->q1("SELECT charge_id FROM billguard.billing_records WHERE customer_id = '$customer' AND billing_period = '$period'"),
 	$charge, 'the record carries the first attempt\'s charge');
-is(event_types($node, $customer, $period, 'action'), 'BillingInitiated,ChargeAttempted(search),ChargeReconciled',
+is($node->event_types($customer, $period, 'action'), 'BillingInitiated,ChargeAttempted(search),ChargeReconciled',
 	'the dispatcher searched first and reconciled, sending no charge');
 
 $node->stop;

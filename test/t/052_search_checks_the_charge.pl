@@ -22,46 +22,46 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(sleep);
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 
 my $emulator = start_emulator(idempotency_ttl => 2);
-my $a = dispatch_node('search_checks_a', $emulator);
-my $b = dispatch_node('search_checks_b', $emulator, "billguard.idempotency_window = '1s'");
+my $a = BillguardNode->dispatching('search_checks_a', $emulator);
+my $b = BillguardNode->dispatching('search_checks_b', $emulator, "billguard.idempotency_window = '1s'");
 my ($customer, $period) = ('cust_000001', '2026-09');
 for ([ $a, 'cus_A' ], [ $b, 'cus_B' ]) {
 	my ($node, $stripe_customer) = @$_;
-	q1($node, qq{INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method)
+	$node->q1(qq{INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method)
 		VALUES ('$customer', '$stripe_customer', 4900, 'usd', 'pm_card_visa')});
 }
-my $key = key_of($a, $customer, $period);
-is(key_of($b, $customer, $period), $key, 'both databases make the same key for cust_000001 in 2026-09');
+my $key = $a->key_of($customer, $period);
+is($b->key_of($customer, $period), $key, 'both databases make the same key for cust_000001 in 2026-09');
 
 # ---- A bills ------------------------------------------------------------------------------
 
-is(bill($a, $customer, $period), 'initiated', 'A bills cust_000001');
-ok(wait_for('A completed', 30, sub { status_of($a, $customer, $period) eq 'completed' }), "A's record completes");
-my $theirs = q1($a, "SELECT charge_id FROM billguard.billing_records WHERE customer_id = '$customer'");
+is($a->bill($customer, $period), 'initiated', 'A bills cust_000001');
+ok(wait_until('A completed', 30, sub { $a->status_of($customer, $period) eq 'completed' }), "A's record completes");
+my $theirs = $a->q1("SELECT charge_id FROM billguard.billing_records WHERE customer_id = '$customer'");
 is(join(',', map { $_->{customer} } @{ succeeded_for_key($emulator, $key) }), 'cus_A', 'cus_A is charged with the key');
 
 # ---- B's record is searched for -----------------------------------------------------------
 
-reload_with($b, api_key_file => $b->basedir . '/missing.key');
-ok(wait_for('B paused', 20, sub { q1($b, 'SELECT paused FROM billguard.dispatch_status') eq 't' }), 'B is paused');
-is(bill($b, $customer, $period), 'initiated', 'B bills its cust_000001, not sent yet');
+$b->reload_with(api_key_file => $b->basedir . '/missing.key');
+ok(wait_until('B paused', 20, sub { $b->q1('SELECT paused FROM billguard.dispatch_status') eq 't' }), 'B is paused');
+is($b->bill($customer, $period), 'initiated', 'B bills its cust_000001, not sent yet');
 sleep 2.5;    # past B's idempotency window, and past the emulator's memory of A's key
 my $offset = -s $b->logfile;
-reload_with($b, api_key_file => $b->basedir . '/stripe.key');
-ok(wait_for('B settled', 30, sub { status_of($b, $customer, $period) eq 'needs_review' }),
-	"B's record is needs_review") or diag(record_of($b, $customer, $period));
-is(event_types($b, $customer, $period, 'action'), 'BillingInitiated,ChargeAttempted(search),NeedsReview',
+$b->reload_with(api_key_file => $b->basedir . '/stripe.key');
+ok(wait_until('B settled', 30, sub { $b->status_of($customer, $period) eq 'needs_review' }),
+	"B's record is needs_review") or diag($b->record_of($customer, $period));
+is($b->event_types($customer, $period, 'action'), 'BillingInitiated,ChargeAttempted(search),NeedsReview',
 	'B searched first (claimed past its window), and found no charge of its own');
-is(q1($b, "SELECT coalesce(charge_id, 'none') FROM billguard.billing_records WHERE customer_id = '$customer'"), 'none',
+is($b->q1("SELECT coalesce(charge_id, 'none') FROM billguard.billing_records WHERE customer_id = '$customer'"), 'none',
 	"B's record does not carry A's charge");
-is(q1($b, "SELECT last_error FROM billguard.billing_records WHERE customer_id = '$customer'"),
+is($b->q1("SELECT last_error FROM billguard.billing_records WHERE customer_id = '$customer'"),
 	"search found $theirs with the record's key, but for 4900 usd of customer cus_A, not the record's 4900 usd of "
 	  . 'cus_B: another database or system bills with this key namespace on this Stripe account',
 	'last_error says what differed');
-is(q1($b, qq{SELECT (event ->> 'via') || ' ' || (event -> 'found' -> 0 ->> 'id') || ' ' || (event -> 'found' -> 0 ->> 'customer')
+is($b->q1(qq{SELECT (event ->> 'via') || ' ' || (event -> 'found' -> 0 ->> 'id') || ' ' || (event -> 'found' -> 0 ->> 'customer')
 	FROM billguard.journal WHERE persistence_id = 'billing-$customer-$period' AND event_type = 'NeedsReview'}),
 	"search $theirs cus_A", 'the NeedsReview event names the object found');
 like(substr(slurp_file($b->logfile), $offset),
@@ -69,20 +69,20 @@ like(substr(slurp_file($b->logfile), $offset),
 	'the server log says so as a WARNING');
 is(join(',', map { $_->{customer} } @{ succeeded_for_key($emulator, $key) }), 'cus_A',
 	'still one charge for the key, cus_A\'s');
-is(status_of($a, $customer, $period), 'completed', "A's record is untouched");
+is($a->status_of($customer, $period), 'completed', "A's record is untouched");
 
 # ---- requeued, the same; a person charges and resolves it ------------------------------------
 
-is(q1($b, "SELECT billguard.retry_record('$customer', '$period')"), 'pending', 'an operator requeues B\'s record');
-ok(wait_for('B reviewed again', 30, sub {
-	q1($b, qq{SELECT count(*) FROM billguard.journal WHERE persistence_id = 'billing-$customer-$period'
+is($b->q1("SELECT billguard.retry_record('$customer', '$period')"), 'pending', 'an operator requeues B\'s record');
+ok(wait_until('B reviewed again', 30, sub {
+	$b->q1(qq{SELECT count(*) FROM billguard.journal WHERE persistence_id = 'billing-$customer-$period'
 		AND event_type = 'NeedsReview'}) eq '2' }),
 	'it searches again and is needs_review again: A\'s charge is still not B\'s');
-is(status_of($b, $customer, $period), 'needs_review', 'never completed with A\'s charge');
+is($b->status_of($customer, $period), 'needs_review', 'never completed with A\'s charge');
 is(join(',', map { $_->{customer} } @{ succeeded_for_key($emulator, $key) }), 'cus_A', 'and nothing was charged');
 my $by_hand = $emulator->post_form('/v1/payment_intents',
 	StripeEmulatorHarness::payment_intent_params(customer => 'cus_B', amount => 4900));
-is(q1($b, "SELECT billguard.resolve_record('$customer', '$period', '$by_hand->{json}{id}')"), 'completed',
+is($b->q1("SELECT billguard.resolve_record('$customer', '$period', '$by_hand->{json}{id}')"), 'completed',
 	'a person charges cus_B in Stripe and resolves the record with that charge');
 
 $a->stop;

@@ -21,7 +21,7 @@ use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 
 # ---- what a database holds before it is updated -------------------------------------
 
@@ -32,17 +32,17 @@ use DispatchScenario;
 # scheduler's snapshot of state version 1.
 sub history_of_0_1_0 {
 	my ($node) = @_;
-	add_accounts($node, 30);
-	q1($node, q{
+	$node->add_accounts(30);
+	$node->q1(q{
 		INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method, active)
 		VALUES ('cust_eur', 'cus_eur', 2500, 'eur', 'pm_card_visa', true),
 		       ('cust_gone', 'cus_gone', 990, 'usd', NULL, false)});
-	is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-06')"), '31', '0.1.0: 2026-06 claimed');
+	is($node->q1("SELECT initiated FROM billguard.bill_period('2026-06')"), '31', '0.1.0: 2026-06 claimed');
 	settle_by_hand($node, '2026-06');
-	q1($node, "SELECT billguard.save_snapshot('billing-cust_000003-2026-06')");
-	is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-07')"), '31', '0.1.0: 2026-07 claimed, not yet sent');
-	q1($node, "SELECT billguard.save_snapshot('billing-scheduler')");
-	is(q1($node, "SELECT status FROM billguard.bill_customer('cust_000005', '2026-08', 'req-upgrade')"), 'initiated',
+	$node->q1("SELECT billguard.save_snapshot('billing-cust_000003-2026-06')");
+	is($node->q1("SELECT initiated FROM billguard.bill_period('2026-07')"), '31', '0.1.0: 2026-07 claimed, not yet sent');
+	$node->q1("SELECT billguard.save_snapshot('billing-scheduler')");
+	is($node->q1("SELECT status FROM billguard.bill_customer('cust_000005', '2026-08', 'req-upgrade')"), 'initiated',
 		'0.1.0: one customer claimed for 2026-08');
 }
 
@@ -52,7 +52,7 @@ sub history_of_0_1_0 {
 # its due time, 0.2.0 NULL).
 sub settle_by_hand {
 	my ($node, $period, $settled_queue) = @_;
-	q1($node, qq{
+	$node->q1(qq{
 		UPDATE billguard.billing_records
 		   SET status = CASE WHEN customer_id = 'cust_000001' THEN 'failed'
 		                     WHEN customer_id = 'cust_000002' THEN 'needs_review' ELSE 'completed' END,
@@ -63,7 +63,7 @@ sub settle_by_hand {
 		       last_error = CASE WHEN customer_id = 'cust_000001' THEN '402 card_error/card_declined: declined' END
 		       @{[ $settled_queue ? ", next_attempt_at = $settled_queue" : '' ]}
 		 WHERE billing_period = '$period'});
-	q1($node, qq{
+	$node->q1(qq{
 		SELECT billguard.append_billing_event(customer_id, billing_period,
 		         CASE status WHEN 'completed' THEN 'BillingCompleted' WHEN 'failed' THEN 'BillingFailed' ELSE 'NeedsReview' END,
 		         jsonb_build_object('charge_id', charge_id, 'attempt', 1))
@@ -75,9 +75,9 @@ sub settle_by_hand {
 # audit), the dispatcher's vault key, an applied Stripe event.
 sub ledger_of_0_2_0 {
 	my ($node) = @_;
-	is(q1($node, "SELECT billguard.cancel_record('cust_000030', '2026-07')"), 'cancelled',
+	is($node->q1("SELECT billguard.cancel_record('cust_000030', '2026-07')"), 'cancelled',
 		'0.2.0: one record of 2026-07 cancelled');
-	q1($node, q{
+	$node->q1(q{
 		CREATE TEMP TABLE k AS SELECT * FROM billguard.issue_vault_key('stripe', '2026-07', 500,
 		  ARRAY['/v1/payment_intents'], now() + interval '40 days', false);
 		SELECT a.decision, billguard.vault_settle(a.key_id, 'settled-key', 200, NULL, 'pi_settled',
@@ -94,7 +94,7 @@ sub ledger_of_0_2_0 {
 		SELECT 'evt_upgrade', 'payment_intent.succeeded', charge_id, customer_id, billing_period,
 		       idempotency_key, 'confirmed', now() - interval '39 days'
 		  FROM billguard.billing_records WHERE customer_id = 'cust_000003' AND billing_period = '2026-06'});
-	is(q1($node, q{SELECT settled_cents || '/' || reserved_cents FROM billguard.vault_spend WHERE billing_period = '2026-07'}),
+	is($node->q1(q{SELECT settled_cents || '/' || reserved_cents FROM billguard.vault_spend WHERE billing_period = '2026-07'}),
 		'1000/2000', '0.2.0: the ledger holds a settled and a reserved charge');
 }
 
@@ -107,10 +107,10 @@ sub ledger_of_0_2_0 {
 sub all_rows {
 	my ($node, %expected) = @_;
 	my %rows;
-	for my $table (split /\n/, q1($node, q{
+	for my $table (split /\n/, $node->q1(q{
 			SELECT c.relname FROM pg_class c
 			 WHERE c.relnamespace = 'billguard'::regnamespace AND c.relkind = 'r' ORDER BY 1})) {
-		my $columns = q1($node, qq{
+		my $columns = $node->q1(qq{
 			SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) FROM pg_attribute
 			 WHERE attrelid = 'billguard.$table'::regclass AND attnum > 0 AND NOT attisdropped});
 		my $select = $expected{$table} ? $expected{$table}->($columns) : $columns;
@@ -121,7 +121,7 @@ sub all_rows {
 
 sub rows_of {
 	my ($node, $table, $select) = @_;
-	return q1($node, "SELECT string_agg(t::text, E'\\n' ORDER BY t::text) FROM (SELECT $select FROM billguard.$table) t");
+	return $node->q1("SELECT string_agg(t::text, E'\\n' ORDER BY t::text) FROM (SELECT $select FROM billguard.$table) t");
 }
 
 # After the update every row is as all_rows read it, by the columns its
@@ -160,10 +160,10 @@ sub schema_of {
 # The database postgres, updated to $version, is a fresh install of it.
 sub same_as_fresh {
 	my ($node, $version) = @_;
-	is(q1($node, "SELECT extversion FROM pg_extension WHERE extname = 'billguard'"), $version,
+	is($node->q1("SELECT extversion FROM pg_extension WHERE extname = 'billguard'"), $version,
 		"ALTER EXTENSION billguard UPDATE reaches $version");
 	my $fresh = 'fresh_' . ($version =~ tr/./_/r);
-	q1($node, "CREATE DATABASE $fresh");
+	$node->q1("CREATE DATABASE $fresh");
 	$node->safe_psql($fresh, "CREATE EXTENSION billguard VERSION '$version'");
 	my ($updated, $installed) = (schema_of($node, 'postgres'), schema_of($node, $fresh));
 	cmp_ok(length($installed), '>', 10000, "$version: the dump holds the extension's objects");
@@ -172,7 +172,7 @@ sub same_as_fresh {
 	my $config_tables = q{
 		SELECT string_agg(c::regclass::text || ' ' || coalesce(w, ''), ', ' ORDER BY c::regclass::text)
 		  FROM pg_extension e, unnest(e.extconfig, e.extcondition) AS u (c, w) WHERE e.extname = 'billguard'};
-	is(q1($node, $config_tables), $node->safe_psql($fresh, $config_tables),
+	is($node->q1($config_tables), $node->safe_psql($fresh, $config_tables),
 		"$version: the same tables are dumped with their data, with the same conditions");
 }
 
@@ -194,12 +194,12 @@ sub first_difference {
 # functions: it waits for the update and says which versions it sees.
 sub dispatcher_waits {
 	my ($node, $emulator, $version, $library) = @_;
-	ok(wait_for('the dispatcher to report it waits for the update', 20, sub {
-		(q1($node, 'SELECT pause_reason FROM billguard.dispatch_status') // '')
+	ok(wait_until('the dispatcher to report it waits for the update', 20, sub {
+		($node->q1('SELECT pause_reason FROM billguard.dispatch_status') // '')
 		  =~ /^waiting for ALTER EXTENSION billguard UPDATE: the database has \Q$version\E, the library is \Q$library\E$/ }),
 		"$version: the dispatcher waits for ALTER EXTENSION billguard UPDATE, and says so")
-	  or diag('pause_reason: ' . (q1($node, 'SELECT pause_reason FROM billguard.dispatch_status') // 'NULL'));
-	is(q1($node, q{SELECT count(*) FROM billguard.billing_records WHERE status = 'dispatching'}), '0',
+	  or diag('pause_reason: ' . ($node->q1('SELECT pause_reason FROM billguard.dispatch_status') // 'NULL'));
+	is($node->q1(q{SELECT count(*) FROM billguard.billing_records WHERE status = 'dispatching'}), '0',
 		"$version: nothing was claimed for sending");
 	is($emulator->stats->{requests} // 0, 0, "$version: no request reached the emulator");
 }
@@ -208,18 +208,18 @@ sub dispatcher_waits {
 # and a new period; exactly one charge per key, carried by its record.
 sub sends_what_was_claimed {
 	my ($node, $emulator, $key_file, $claimed, $history) = @_;
-	reload_with($node, api_key_file => $key_file);
-	ok(wait_until_settled($node, $_), "$_, claimed before the update, is sent after it") for @$claimed;
-	is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-09')"), '31', 'after the update: 2026-09 claimed');
-	ok(wait_until_settled($node, '2026-09'), 'after the update: 2026-09 settles');
-	is(q1($node, q{SELECT string_agg(billing_period || ' ' || status || '=' || n, ', ') FROM
+	$node->reload_with(api_key_file => $key_file);
+	ok($node->wait_until_settled($_), "$_, claimed before the update, is sent after it") for @$claimed;
+	is($node->q1("SELECT initiated FROM billguard.bill_period('2026-09')"), '31', 'after the update: 2026-09 claimed');
+	ok($node->wait_until_settled('2026-09'), 'after the update: 2026-09 settles');
+	is($node->q1(q{SELECT string_agg(billing_period || ' ' || status || '=' || n, ', ') FROM
 		(SELECT billing_period, status, count(*) n FROM billguard.billing_records GROUP BY 1, 2 ORDER BY 1, 2) s}),
 		$history, 'every record sent after the update is completed; the settled history is as it was');
 	my $by_key = charges_by_key($emulator);
-	my $sent = q1($node, q{SELECT count(*) FROM billguard.billing_records WHERE charge_id NOT LIKE 'pi_old_%'});
+	my $sent = $node->q1(q{SELECT count(*) FROM billguard.billing_records WHERE charge_id NOT LIKE 'pi_old_%'});
 	is(scalar(keys %$by_key), $sent, "the emulator holds charges for the $sent keys sent");
 	is(scalar(grep { @{ $by_key->{$_} } != 1 } keys %$by_key), 0, 'exactly one successful charge per key');
-	my %record_charge = map { split /\|/ } split /\n/, q1($node, q{
+	my %record_charge = map { split /\|/ } split /\n/, $node->q1(q{
 		SELECT idempotency_key || '|' || charge_id FROM billguard.billing_records WHERE charge_id NOT LIKE 'pi_old_%'});
 	is(scalar(grep { ($record_charge{$_} // '') ne $by_key->{$_}[0] } keys %$by_key), 0,
 		"every record sent after the update carries the emulator's charge id for its key");
@@ -229,9 +229,9 @@ sub sends_what_was_claimed {
 # with the events after it.
 sub scheduler_state_upcast {
 	my ($node) = @_;
-	is(q1($node, q{SELECT state_version FROM billguard.snapshots WHERE persistence_id = 'billing-scheduler'}), '1',
+	is($node->q1(q{SELECT state_version FROM billguard.snapshots WHERE persistence_id = 'billing-scheduler'}), '1',
 		'the scheduler entity has its 0.1.0 snapshot, of state version 1');
-	is(q1($node, q{SELECT billguard.entity_state('billing-scheduler') ->> 'last_issued_period'}), '2026-07',
+	is($node->q1(q{SELECT billguard.entity_state('billing-scheduler') ->> 'last_issued_period'}), '2026-07',
 		'folding it upcasts it: the last period issued is the greatest of its issued periods');
 }
 
@@ -240,11 +240,11 @@ sub scheduler_state_upcast {
 sub upgrade_node {
 	my ($name, $version) = @_;
 	my $emulator = start_emulator();
-	my $node = dispatch_node($name, $emulator, { extension_version => $version });
-	is(q1($node, "SELECT extversion FROM pg_extension WHERE extname = 'billguard'"), $version,
+	my $node = BillguardNode->dispatching($name, $emulator, { extension_version => $version });
+	is($node->q1("SELECT extversion FROM pg_extension WHERE extname = 'billguard'"), $version,
 		"the database starts at the released $version");
-	my $key_file = q1($node, 'SHOW billguard.api_key_file');
-	reload_with($node, api_key_file => '');
+	my $key_file = $node->q1('SHOW billguard.api_key_file');
+	$node->reload_with(api_key_file => '');
 	return ($node, $emulator, $key_file);
 }
 
@@ -254,19 +254,19 @@ my $development;
 
 {
 	my ($node, $emulator, $key_file) = upgrade_node('from_0_1_0_in_two', '0.1.0');
-	$development = q1($node, "SELECT default_version FROM pg_available_extensions WHERE name = 'billguard'");
+	$development = $node->q1("SELECT default_version FROM pg_available_extensions WHERE name = 'billguard'");
 	isnt($development, '0.2.0', "the version under development, $development, follows the release 0.2.0");
 	history_of_0_1_0($node);
 	dispatcher_waits($node, $emulator, '0.1.0', $development);
 	my $before = all_rows($node, %settled_leave_the_queue);
-	q1($node, "ALTER EXTENSION billguard UPDATE TO '0.2.0'");
+	$node->q1("ALTER EXTENSION billguard UPDATE TO '0.2.0'");
 	rows_intact($node, $before, '0.1.0 -> 0.2.0');
 	same_as_fresh($node, '0.2.0');
 	dispatcher_waits($node, $emulator, '0.2.0', $development);
 
 	ledger_of_0_2_0($node);
 	$before = all_rows($node);
-	q1($node, 'ALTER EXTENSION billguard UPDATE');
+	$node->q1('ALTER EXTENSION billguard UPDATE');
 	rows_intact($node, $before, "0.2.0 -> $development");
 	same_as_fresh($node, $development);
 	scheduler_state_upcast($node);
@@ -281,19 +281,19 @@ my $development;
 
 {
 	my ($node, $emulator, $key_file) = upgrade_node('from_0_2_0', '0.2.0');
-	add_accounts($node, 30);
-	q1($node, q{
+	$node->add_accounts(30);
+	$node->q1(q{
 		INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method, active)
 		VALUES ('cust_eur', 'cus_eur', 2500, 'eur', 'pm_card_visa', true)});
-	is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-06')"), '31', '0.2.0: 2026-06 claimed');
+	is($node->q1("SELECT initiated FROM billguard.bill_period('2026-06')"), '31', '0.2.0: 2026-06 claimed');
 	settle_by_hand($node, '2026-06', 'NULL');
-	q1($node, "SELECT billguard.save_snapshot('billing-cust_000003-2026-06')");
-	is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-07')"), '31', '0.2.0: 2026-07 claimed, not yet sent');
-	q1($node, "SELECT billguard.save_snapshot('billing-scheduler')");
+	$node->q1("SELECT billguard.save_snapshot('billing-cust_000003-2026-06')");
+	is($node->q1("SELECT initiated FROM billguard.bill_period('2026-07')"), '31', '0.2.0: 2026-07 claimed, not yet sent');
+	$node->q1("SELECT billguard.save_snapshot('billing-scheduler')");
 	ledger_of_0_2_0($node);
 	dispatcher_waits($node, $emulator, '0.2.0', $development);
 	my $before = all_rows($node);
-	q1($node, 'ALTER EXTENSION billguard UPDATE');
+	$node->q1('ALTER EXTENSION billguard UPDATE');
 	rows_intact($node, $before, "0.2.0 -> $development");
 	same_as_fresh($node, $development);
 	sends_what_was_claimed($node, $emulator, $key_file, ['2026-07'],
@@ -310,14 +310,14 @@ my $development;
 	history_of_0_1_0($node);
 	dispatcher_waits($node, $emulator, '0.1.0', $development);
 	my $before = all_rows($node, %settled_leave_the_queue);
-	q1($node, 'ALTER EXTENSION billguard UPDATE');
+	$node->q1('ALTER EXTENSION billguard UPDATE');
 	rows_intact($node, $before, "0.1.0 -> $development");
 	same_as_fresh($node, $development);
 	scheduler_state_upcast($node);
 	sends_what_was_claimed($node, $emulator, $key_file, [ '2026-07', '2026-08' ],
 		'2026-06 completed=29, 2026-06 failed=1, 2026-06 needs_review=1, 2026-07 completed=31, '
 		  . '2026-08 completed=1, 2026-09 completed=31');
-	is(q1($node, q{SELECT billguard.entity_state('billing-scheduler') -> 'issued_periods'}), '["2026-06", "2026-07", "2026-09"]',
+	is($node->q1(q{SELECT billguard.entity_state('billing-scheduler') -> 'issued_periods'}), '["2026-06", "2026-07", "2026-09"]',
 		'the periods issued before and after the update, folded from the 0.1.0 snapshot and the events after it');
 	$node->stop;
 	$emulator->stop;

@@ -1,4 +1,5 @@
-# Cancelling while the dispatcher sends (issue 6, item 19): 900 accounts are
+# Cancelling while the dispatcher sends must never withdraw a record that
+# may have reached Stripe: 900 accounts are
 # billed for a period while the running dispatcher claims and sends them,
 # paced, and at the same time one session cancels a third of the records one
 # by one with cancel_record and another deactivates a third of the accounts
@@ -16,23 +17,23 @@ use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 
 my $emulator = start_emulator(latency_ms => 20);
 # Paced at 100/s, the period takes 9 s to send; few requests in flight keep
 # the dispatcher from claiming far ahead of what it sends.
-my $node = dispatch_node('cancel_race', $emulator, 'billguard.max_requests_per_second = 100',
+my $node = BillguardNode->dispatching('cancel_race', $emulator, 'billguard.max_requests_per_second = 100',
 	'billguard.max_inflight = 4');
-add_accounts($node, 900);
-q1($node, q{
+$node->add_accounts(900);
+$node->q1(q{
 	CREATE TABLE t090_targets AS
 	SELECT customer_id, CASE substr(customer_id, 6)::int % 3 WHEN 0 THEN 'cancel' WHEN 1 THEN 'deactivate' END AS how
 	  FROM billguard.accounts;
 	CREATE TABLE t090_outcome (customer_id text PRIMARY KEY, outcome text NOT NULL)});
 
 # Both sessions wait at the gate and work from the end of the period.
-my $gate = start_gate($node);
-my $canceller = race_psql($node, q{
+my $gate = $node->start_gate;
+my $canceller = $node->race_psql(q{
 	DO $$
 	DECLARE
 	  c text;
@@ -48,7 +49,7 @@ my $canceller = race_psql($node, q{
 	    COMMIT;
 	  END LOOP;
 	END $$});
-my $deactivator = race_psql($node, q{
+my $deactivator = $node->race_psql(q{
 	DO $$
 	DECLARE
 	  c text;
@@ -59,20 +60,20 @@ my $deactivator = race_psql($node, q{
 	  END LOOP;
 	END $$});
 
-is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-08')"), '900', 'bill_period initiates 900 billings');
-ok(wait_for('the dispatcher to claim records of both sets', 60, sub {
-	q1($node, q{
+is($node->q1("SELECT initiated FROM billguard.bill_period('2026-08')"), '900', 'bill_period initiates 900 billings');
+ok(wait_until('the dispatcher to claim records of both sets', 60, sub {
+	$node->q1(q{
 		SELECT count(DISTINCT t.how) FROM billguard.billing_records r JOIN t090_targets t USING (customer_id)
 		 WHERE r.first_dispatched_at IS NOT NULL AND t.how IS NOT NULL}) eq '2' }),
 	'the dispatcher is sending when the cancellations start');
-release_gate($node, $gate, 2);
+$node->release_gate($gate, 2);
 finish_race($canceller, $deactivator);
 is($canceller->{exit}, 0, 'the cancelling session ran to its end') or diag($canceller->{err});
 is($deactivator->{exit}, 0, 'the deactivating session ran to its end') or diag($deactivator->{err});
-ok(wait_until_settled($node, '2026-08'), 'every record of the period settles');
+ok($node->wait_until_settled('2026-08'), 'every record of the period settles');
 
 # The race met.
-my %outcomes = map { split /\|/, $_, 2 } split /\n/, q1($node, q{
+my %outcomes = map { split /\|/, $_, 2 } split /\n/, $node->q1(q{
 	SELECT kind || '|' || count(*)
 	  FROM (SELECT CASE WHEN outcome LIKE 'refused:%' THEN 'refused' ELSE outcome END AS kind FROM t090_outcome) o
 	 GROUP BY kind});
@@ -80,22 +81,22 @@ note(sprintf('cancel_record: %d cancelled, %d refused', $outcomes{cancelled} // 
 cmp_ok($outcomes{cancelled} // 0, '>', 0, 'some cancel_record calls came before the dispatcher');
 cmp_ok($outcomes{refused} // 0, '>', 0, 'some found their record already claimed and were refused');
 is(($outcomes{cancelled} // 0) + ($outcomes{refused} // 0), 300, 'each of the 300 cancel_record calls answered');
-is(q1($node, q{
+is($node->q1(q{
 	SELECT count(*) FROM t090_outcome
 	 WHERE outcome LIKE 'refused:%' AND outcome !~ '^refused: billing record \S+ cannot be cancelled: it is \S+ .*so it may already have charged the customer$'}),
 	'0', 'every refusal is the one that says the record may already have charged the customer');
-my %deactivated = map { split /\|/ } split /\n/, q1($node, q{
+my %deactivated = map { split /\|/ } split /\n/, $node->q1(q{
 	SELECT r.status || '|' || count(*) FROM billguard.billing_records r JOIN t090_targets t USING (customer_id)
 	 WHERE t.how = 'deactivate' GROUP BY r.status});
 note(sprintf('deactivation: %d cancelled, %d completed', $deactivated{cancelled} // 0, $deactivated{completed} // 0));
 cmp_ok($deactivated{cancelled} // 0, '>', 0, 'some deactivations came before the dispatcher and cancelled the record');
 cmp_ok($deactivated{completed} // 0, '>', 0, 'some came after the claim, and those records went on');
-is(q1($node, q{SELECT count(*) FROM t090_outcome o JOIN billguard.billing_records r USING (customer_id)
+is($node->q1(q{SELECT count(*) FROM t090_outcome o JOIN billguard.billing_records r USING (customer_id)
 	WHERE (o.outcome = 'cancelled') <> (r.status = 'cancelled')}), '0',
 	'cancel_record answered cancelled exactly for the records that are cancelled');
 
 # What reached the emulator.
-my %status_of_key = map { split /\|/ } split /\n/, q1($node, q{
+my %status_of_key = map { split /\|/ } split /\n/, $node->q1(q{
 	SELECT idempotency_key || '|' || status FROM billguard.billing_records WHERE billing_period = '2026-08'});
 my @cancelled = grep { $status_of_key{$_} eq 'cancelled' } keys %status_of_key;
 my @others = grep { $status_of_key{$_} ne 'cancelled' } keys %status_of_key;
@@ -110,25 +111,25 @@ is(scalar(grep { $status_of_key{$_} ne 'completed' } @others), 0, 'every record 
 my $by_key = charges_by_key($emulator);
 is(scalar(grep { @{ $by_key->{$_} // [] } != 1 } @others), 0, 'every record that is not cancelled was charged exactly once');
 is(scalar(grep { !exists $status_of_key{$_} } keys %$by_key), 0, 'no charge carries a key without a record');
-is(q1($node, q{
+is($node->q1(q{
 	SELECT count(*) FROM billguard.billing_records WHERE billing_period = '2026-08' AND status = 'completed'
 	   AND charge_id IS NULL}), '0', 'every completed record carries its charge');
 
 # The journal.
-is(q1($node, q{
+is($node->q1(q{
 	SELECT count(*) FROM billguard.billing_records r
 	 WHERE r.status = 'cancelled'
 	   AND (SELECT count(*) FROM billguard.journal j
 	         WHERE j.persistence_id = 'billing-' || r.customer_id || '-2026-08' AND j.event_type = 'BillingCancelled') <> 1}),
 	'0', 'every cancelled record has exactly one BillingCancelled event');
-is(q1($node, q{
+is($node->q1(q{
 	SELECT string_agg(DISTINCT t.how || '=' || (j.event ->> 'reason'), ', ')
 	  FROM billguard.journal j JOIN t090_targets t ON j.persistence_id = 'billing-' || t.customer_id || '-2026-08'
 	 WHERE j.event_type = 'BillingCancelled'}),
 	'cancel=cancel_record, deactivate=account deactivated', 'each event gives its reason');
-is(q1($node, q{SELECT count(*) FROM billguard.journal WHERE event_type = 'BillingCancelled'}),
+is($node->q1(q{SELECT count(*) FROM billguard.journal WHERE event_type = 'BillingCancelled'}),
 	scalar(@cancelled), 'no event for a record that was not cancelled');
-is(q1($node, "SELECT already_completed + cancelled FROM billguard.bill_period('2026-08')"), '900',
+is($node->q1("SELECT already_completed + cancelled FROM billguard.bill_period('2026-08')"), '900',
 	'bill_period counts the period as 900 completed or cancelled records');
 
 $node->stop;

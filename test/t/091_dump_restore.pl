@@ -1,4 +1,5 @@
-# pg_dump and pg_restore keep every row (issue 6, item 10). A database with a
+# pg_dump and pg_restore keep every row, so a restore loses no billing
+# history. A database with a
 # currency a user added, accounts in it, a built-in currency a user changed,
 # completed, failed, cancelled and pending records, journal events and
 # snapshots is dumped with pg_dump -Fc and restored with pg_restore into a
@@ -15,11 +16,10 @@ use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 
-my $node = billguard_node('dump_restore');
-q1($node, q{
+my $node = BillguardNode->preloaded('dump_restore');
+$node->q1(q{
 	INSERT INTO billguard.currencies (code, minor_units) VALUES ('xts', 2), ('xag', 0);
 	UPDATE billguard.currencies SET minor_units = 2 WHERE code = 'isk';
 	INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method, active) VALUES
@@ -30,29 +30,29 @@ q1($node, q{
 	  ('cust_isk', 'cus_isk', 50000, 'isk', NULL, true),
 	  ('cust_usd', 'cus_usd', 4900, 'usd', 'pm_card_visa', true),
 	  ('cust_gone', 'cus_gone', 990, 'usd', NULL, false)});
-is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-08')"), '6', '2026-08: six records claimed');
-q1($node, q{
+is($node->q1("SELECT initiated FROM billguard.bill_period('2026-08')"), '6', '2026-08: six records claimed');
+$node->q1(q{
 	UPDATE billguard.billing_records
 	   SET status = CASE WHEN customer_id = 'cust_ag' THEN 'failed' ELSE 'completed' END,
 	       charge_id = CASE WHEN customer_id <> 'cust_ag' THEN 'pi_' || customer_id END,
 	       attempts = 1, first_dispatched_at = now(), completed_at = now(),
 	       last_error = CASE WHEN customer_id = 'cust_ag' THEN '402 card_error/card_declined: declined' END
 	 WHERE billing_period = '2026-08' AND customer_id <> 'cust_usd'});
-q1($node, q{
+$node->q1(q{
 	SELECT billguard.append_billing_event(customer_id, billing_period,
 	         CASE status WHEN 'completed' THEN 'BillingCompleted' ELSE 'BillingFailed' END,
 	         jsonb_build_object('charge_id', charge_id, 'attempt', 1))
 	  FROM billguard.billing_records WHERE billing_period = '2026-08' AND customer_id <> 'cust_usd'});
-is(q1($node, "SELECT billguard.cancel_record('cust_usd', '2026-08')"), 'cancelled', 'one record cancelled');
-is(q1($node, "SELECT status FROM billguard.bill_customer('cust_x1', '2026-09', 'req-dump')"), 'initiated',
+is($node->q1("SELECT billguard.cancel_record('cust_usd', '2026-08')"), 'cancelled', 'one record cancelled');
+is($node->q1("SELECT status FROM billguard.bill_customer('cust_x1', '2026-09', 'req-dump')"), 'initiated',
 	'one record pending for 2026-09');
-q1($node, q{
+$node->q1(q{
 	SELECT billguard.save_snapshot('billing-scheduler');
 	SELECT billguard.save_snapshot('billing-cust_x1-2026-08');
 	SELECT billguard.apply_retention('billing-cust_x1-2026-08', 1)});
 
 # Every row of every table of the extension, as text in a stable order.
-my @tables = split /\n/, q1($node, q{
+my @tables = split /\n/, $node->q1(q{
 	SELECT c.relname FROM pg_class c JOIN pg_depend d ON d.classid = 'pg_class'::regclass AND d.objid = c.oid
 	 WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'billguard') AND d.deptype = 'e'
 	   AND c.relkind = 'r' AND c.relname NOT IN ('installation', 'billing_installations') ORDER BY 1});
@@ -68,7 +68,7 @@ my %before = map { ($_ => rows_of('postgres', $_)) } @tables;
 my $dump = $node->basedir . '/billing.dump';
 my ($out, $err) = run_command([ 'pg_dump', '-Fc', '-f', $dump, '-d', $node->connstr('postgres') ]);
 is($err, '', 'pg_dump -Fc reports nothing');
-q1($node, 'CREATE DATABASE restored');
+$node->q1('CREATE DATABASE restored');
 ($out, $err) = run_command([ 'pg_restore', '-d', $node->connstr('restored'), $dump ]);
 is($err, '', 'pg_restore into a new database reports no error');
 
@@ -81,7 +81,7 @@ is($node->safe_psql('restored', q{SELECT string_agg(database_name || ' ' || how,
 	FROM billguard.billing_installations}), 'postgres installed, restored installed',
 	'billguard.billing_installations holds the original installation, and the restored one');
 is($node->safe_psql('restored', q{SELECT i.installation_id FROM billguard.billing_installations i
-	WHERE i.database_name = 'postgres'}), q1($node, 'SELECT installation_id FROM billguard.installation'),
+	WHERE i.database_name = 'postgres'}), $node->q1('SELECT installation_id FROM billguard.installation'),
 	'the original installation, by its id');
 is($node->safe_psql('restored', q{SELECT string_agg(code || '=' || minor_units, ' ' ORDER BY code)
 	FROM billguard.currencies WHERE NOT builtin}), 'isk=2 xag=0 xts=2',
@@ -100,7 +100,7 @@ is($node->safe_psql('restored', q{SELECT status || ' ' || charge_id FROM billgua
 is($node->safe_psql('restored', q{SELECT status FROM billguard.bill_customer('cust_x1', '2026-09')}),
 	'in_progress', 'the pending record of 2026-09 is not claimed again');
 is($node->safe_psql('restored', q{SELECT count(*) FROM billguard.billing_records}),
-	q1($node, q{SELECT count(*) FROM billguard.billing_records}), 'and no record was added');
+	$node->q1(q{SELECT count(*) FROM billguard.billing_records}), 'and no record was added');
 
 $node->stop;
 done_testing();

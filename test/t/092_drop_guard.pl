@@ -20,7 +20,7 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use BillguardTest;
+use BillguardNode;
 
 # Runs $sql in a new session; returns (exit code, stdout, stderr).
 sub session {
@@ -32,8 +32,8 @@ sub session {
 
 sub records { my ($node) = @_; return $node->safe_psql('postgres', 'SELECT count(*) FROM billguard.billing_records') }
 
-my $preloaded = billguard_node('drop_preloaded');
-my $plain = PostgreSQL::Test::Cluster->new('drop_plain');
+my $preloaded = BillguardNode->preloaded('drop_preloaded');
+my $plain = BillguardNode->new('drop_plain');
 $plain->init;
 $plain->start;
 # Created by a superuser other than the bootstrap one, whose objects DROP OWNED can drop.
@@ -47,7 +47,7 @@ $preloaded->safe_psql('postgres', 'CREATE EXTENSION billguard', extra_params => 
 
 for my $node ($preloaded, $plain) {
 	my $name = $node->name;
-	add_accounts($node, 20);
+	$node->add_accounts(20);
 	$node->safe_psql('postgres', "SELECT * FROM billguard.bill_period('2026-08')");
 	is(records($node), '20', "$name: 20 billing records");
 	my $loaded = $node eq $plain ? 'not loaded' : 'akka-billing';

@@ -13,11 +13,10 @@ use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 
-my $node = billguard_node('account_rules', { extension_version => '0.1.0' });
-q1($node, q{
+my $node = BillguardNode->preloaded('account_rules', { extension_version => '0.1.0' });
+$node->q1(q{
 	INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES
 	  ('cust_1', 'cus_1', 1000), (E'cust_1\u00A0', 'cus_1', 1000), (E'cust_1\u2003', 'cus_1', 1000),
 	  (E'\u3000cust_1', 'cus_1', 1000), ('cust_big', 'cus_big', 9223372036854775000), ('cust_2', 'cus_2', 2000);
@@ -25,14 +24,14 @@ q1($node, q{
 	GRANT USAGE ON SCHEMA billguard TO billing_app;
 	GRANT EXECUTE ON FUNCTION billguard.bill_period(text), billguard.bill_customer(text, text, text),
 	  billguard.period_status(text) TO billing_app});
-is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-08')"), '6',
+is($node->q1("SELECT initiated FROM billguard.bill_period('2026-08')"), '6',
 	'0.1.0 bills the look-alikes and the huge amount: 6 records');
-is(q1($node, "SELECT count(*) FROM billguard.billing_records WHERE stripe_customer = 'cus_1'"), '4',
+is($node->q1("SELECT count(*) FROM billguard.billing_records WHERE stripe_customer = 'cus_1'"), '4',
 	'0.1.0: one Stripe customer has four records in one period');
 
 # Every row of the extension's tables, to show a refused update changed nothing.
 sub state_of {
-	return q1($node, q{
+	return $node->q1(q{
 		SELECT (SELECT extversion FROM pg_extension WHERE extname = 'billguard') || E'\n'
 		    || (SELECT string_agg(t::text, E'\n' ORDER BY t::text) FROM billguard.accounts t) || E'\n'
 		    || (SELECT string_agg(t::text, E'\n' ORDER BY t::text) FROM billguard.billing_records t) || E'\n'
@@ -47,7 +46,7 @@ like($err, qr/ERROR:  billguard 0\.2\.0 caps accounts\.amount_cents at 99999999,
 like($err, qr/HINT:  Correct their amount_cents/, 'and says what to do');
 is(state_of(), $before, 'the refused update changed nothing');
 
-q1($node, "UPDATE billguard.accounts SET amount_cents = 5000 WHERE customer_id = 'cust_big'");
+$node->q1("UPDATE billguard.accounts SET amount_cents = 5000 WHERE customer_id = 'cust_big'");
 $before = state_of();
 ($rc, $out, $err) = $node->psql('postgres', 'ALTER EXTENSION billguard UPDATE');
 my ($listed) = $err =~ /ERROR:  billguard 0\.2\.0 refuses customer ids that are not NFC or begin or end with white space or an invisible character; these accounts have one: (.*)$/m;
@@ -56,38 +55,38 @@ is(join(' ', sort split /, /, $listed // ''), q{'<U+3000>cust_1' 'cust_1<U+00A0>
 like($err, qr/HINT:  Give them the id they show/, 'and says what to do');
 is(state_of(), $before, 'that refused update changed nothing either');
 
-q1($node, "DELETE FROM billguard.accounts WHERE customer_id <> btrim(customer_id, E' \\u00A0\\u2003\\u3000')");
+$node->q1("DELETE FROM billguard.accounts WHERE customer_id <> btrim(customer_id, E' \\u00A0\\u2003\\u3000')");
 ($rc, $out, $err) = $node->psql('postgres', 'ALTER EXTENSION billguard UPDATE');
 is($rc, 0, 'with the accounts corrected, the update runs') or diag($err);
-is(q1($node, "SELECT extversion FROM pg_extension WHERE extname = 'billguard'"),
-	q1($node, "SELECT default_version FROM pg_available_extensions WHERE name = 'billguard'"),
+is($node->q1("SELECT extversion FROM pg_extension WHERE extname = 'billguard'"),
+	$node->q1("SELECT default_version FROM pg_available_extensions WHERE name = 'billguard'"),
 	'the database is at the version under development');
 
-is(q1($node, q{SELECT amount_cents FROM billguard.billing_records WHERE customer_id = 'cust_big'}),
+is($node->q1(q{SELECT amount_cents FROM billguard.billing_records WHERE customer_id = 'cust_big'}),
 	'9223372036854775000', 'the record claimed for 9,223,372,036,854,775,000 cents is kept as it was');
-is(q1($node, q{SELECT sum(count) || ' ' || sum(amount_cents) FROM billguard.period_status('2026-08')}),
+is($node->q1(q{SELECT sum(count) || ' ' || sum(amount_cents) FROM billguard.period_status('2026-08')}),
 	'6 9223372036854781000', 'period_status sums its period in numeric, above the largest bigint');
 
 # Grants on the replaced functions.
-is(q1($node, q{SET ROLE billing_app; SELECT initiated || ' ' || in_progress || ' ' || cancelled
+is($node->q1(q{SET ROLE billing_app; SELECT initiated || ' ' || in_progress || ' ' || cancelled
 	FROM billguard.bill_period('2026-08')}), '0 6 0', 'billing_app still calls bill_period after the update');
-is(q1($node, q{SET ROLE billing_app; SELECT amount_cents FROM billguard.period_status('2026-08') WHERE status = 'pending'}),
+is($node->q1(q{SET ROLE billing_app; SELECT amount_cents FROM billguard.period_status('2026-08') WHERE status = 'pending'}),
 	'9223372036854781000', 'and period_status');
-is(q1($node, q{
+is($node->q1(q{
 	SELECT count(*) FROM pg_init_privs i, aclexplode(i.initprivs) a
 	 WHERE i.objoid IN ('billguard.bill_period(text)'::regprocedure, 'billguard.period_status(text)'::regprocedure)
 	   AND a.grantee = 'billing_app'::regrole}), '0',
 	'the grants are billing_app\'s own, not the extension\'s initial privileges');
 my $dump = $node->basedir . '/updated.dump';
 run_command([ 'pg_dump', '-Fc', '-f', $dump, '-d', $node->connstr('postgres') ]);
-q1($node, 'CREATE DATABASE restored');
+$node->q1('CREATE DATABASE restored');
 ($out, $err) = run_command([ 'pg_restore', '-d', $node->connstr('restored'), $dump ]);
 is($err, '', 'the updated database restores without error');
 is($node->safe_psql('restored', q{SET ROLE billing_app; SELECT count(*) FROM billguard.period_status('2026-08')}), '8',
 	'billing_app calls period_status in the restored database: its grant was dumped');
 
 # A database that is not UTF8.
-q1($node, q{CREATE DATABASE latin TEMPLATE template0 ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C'});
+$node->q1(q{CREATE DATABASE latin TEMPLATE template0 ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C'});
 $node->safe_psql('latin', 'CREATE EXTENSION billguard');
 ($rc, $out, $err) = $node->psql('latin', q{SET client_encoding = 'UTF8';
 	INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES (E'cust_\u00E9', 'cus_e', 1000)});

@@ -24,12 +24,12 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(sleep);
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 
 my $accounts = 10;
 my $emulator = start_emulator();
 
-my $crm = PostgreSQL::Test::Cluster->new('crm');
+my $crm = BillguardNode->new('crm');
 $crm->init(allows_streaming => 'logical');
 $crm->start;
 $crm->safe_psql('postgres', 'CREATE DATABASE crm');
@@ -44,14 +44,14 @@ $crm->safe_psql('crm', qq{
 	CREATE PUBLICATION crm_accounts FOR TABLE billguard.accounts});
 sub at_crm { my ($sql) = @_; return $crm->safe_psql('crm', $sql) }
 
-my $node = dispatch_node('replicated_accounts', $emulator);
+my $node = BillguardNode->dispatching('replicated_accounts', $emulator);
 my $crm_connstr = $crm->connstr('crm') =~ s/'/''/gr;
-q1($node, "CREATE SUBSCRIPTION crm CONNECTION '$crm_connstr' PUBLICATION crm_accounts");
-ok(wait_for('the accounts to be copied', 60, sub { q1($node, 'SELECT count(*) FROM billguard.accounts') eq $accounts }),
+$node->q1("CREATE SUBSCRIPTION crm CONNECTION '$crm_connstr' PUBLICATION crm_accounts");
+ok(wait_until('the accounts to be copied', 60, sub { $node->q1('SELECT count(*) FROM billguard.accounts') eq $accounts }),
 	"the subscription copied the CRM's $accounts accounts");
 
-is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-08')"), $accounts, '2026-08 claimed for every account');
-ok(wait_until_settled($node, '2026-08'), '2026-08 settles');
+is($node->q1("SELECT initiated FROM billguard.bill_period('2026-08')"), $accounts, '2026-08 claimed for every account');
+ok($node->wait_until_settled('2026-08'), '2026-08 settles');
 is(scalar(@{ succeeded_charges($emulator) }), $accounts, "$accounts charges");
 
 # The apply worker's refusals since byte $offset of the log, and the LSN at
@@ -69,15 +69,15 @@ sub refusals {
 # way out is to set it again.
 sub skip_refused {
 	my ($lsn, $offset) = @_;
-	return wait_for("the apply worker to skip $lsn", 60, sub {
+	return wait_until("the apply worker to skip $lsn", 60, sub {
 		return 1 if substr(slurp_file($node->logfile), $offset) =~ /completed skipping transaction at LSN \Q$lsn\E/;
-		q1($node, "ALTER SUBSCRIPTION crm SKIP (lsn = '$lsn')")
-		  if q1($node, q{SELECT subskiplsn = '0/0' FROM pg_subscription WHERE subname = 'crm'}) eq 't';
+		$node->q1("ALTER SUBSCRIPTION crm SKIP (lsn = '$lsn')")
+		  if $node->q1(q{SELECT subskiplsn = '0/0' FROM pg_subscription WHERE subname = 'crm'}) eq 't';
 		return 0;
 	});
 }
 sub apply_errors {
-	return q1($node, q{SELECT apply_error_count FROM pg_stat_subscription_stats WHERE subname = 'crm'});
+	return $node->q1(q{SELECT apply_error_count FROM pg_stat_subscription_stats WHERE subname = 'crm'});
 }
 
 # ---- a rename ------------------------------------------------------------------------------
@@ -85,17 +85,17 @@ sub apply_errors {
 my $offset = -s $node->logfile;
 my $errors = apply_errors();
 at_crm(q{UPDATE billguard.accounts SET customer_id = 'cust_000001_renamed' WHERE customer_id = 'cust_000001'});
-ok(wait_for('the apply worker to be refused', 60, sub {
+ok(wait_until('the apply worker to be refused', 60, sub {
 	(refusals($offset))[0] =~ /ERROR:  account 'cust_000001' has billing records: its customer_id never changes/ }),
 	'the apply worker is refused the rename, with the reason');
-ok(wait_for('the refusal counted', 30, sub { apply_errors() > $errors }),
+ok(wait_until('the refusal counted', 30, sub { apply_errors() > $errors }),
 	'pg_stat_subscription_stats counts the apply error');
-is(q1($node, q{SELECT string_agg(customer_id, ',') FROM billguard.accounts WHERE customer_id LIKE 'cust_000001%'}),
+is($node->q1(q{SELECT string_agg(customer_id, ',') FROM billguard.accounts WHERE customer_id LIKE 'cust_000001%'}),
 	'cust_000001', 'the account keeps its id');
-is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-08')"), '0', 'bill_period(2026-08) again claims nothing');
+is($node->q1("SELECT initiated FROM billguard.bill_period('2026-08')"), '0', 'bill_period(2026-08) again claims nothing');
 at_crm(q{UPDATE billguard.accounts SET amount_cents = 4242 WHERE customer_id = 'cust_000003'});
 sleep 2;
-isnt(q1($node, q{SELECT amount_cents FROM billguard.accounts WHERE customer_id = 'cust_000003'}), '4242',
+isnt($node->q1(q{SELECT amount_cents FROM billguard.accounts WHERE customer_id = 'cust_000003'}), '4242',
 	"the CRM's later change waits behind the refused transaction: replication stalls");
 
 # ---- the way out: undo at the source, skip the refused transaction ---------------------------
@@ -104,10 +104,10 @@ at_crm(q{UPDATE billguard.accounts SET customer_id = 'cust_000001' WHERE custome
 my (undef, $lsn) = refusals($offset);
 ok(defined $lsn, "the log names the refused transaction's LSN") or diag((refusals($offset))[0]);
 ok(skip_refused($lsn, $offset), 'ALTER SUBSCRIPTION ... SKIP skips the refused transaction') if defined $lsn;
-ok(wait_for('the later change', 60, sub {
-	q1($node, q{SELECT amount_cents FROM billguard.accounts WHERE customer_id = 'cust_000003'}) eq '4242' }),
+ok(wait_until('the later change', 60, sub {
+	$node->q1(q{SELECT amount_cents FROM billguard.accounts WHERE customer_id = 'cust_000003'}) eq '4242' }),
 	'after ALTER SUBSCRIPTION ... SKIP the later change arrives');
-is(q1($node, q{SELECT count(*) FROM billguard.accounts WHERE customer_id = 'cust_000001'}), '1',
+is($node->q1(q{SELECT count(*) FROM billguard.accounts WHERE customer_id = 'cust_000001'}), '1',
 	'and cust_000001 is still there, under its id');
 
 # ---- a delete and a new id for the same customer ---------------------------------------------
@@ -118,39 +118,39 @@ at_crm(q{BEGIN;
 	INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, payment_method)
 	VALUES ('cust_000002_again', 'cus_000002', 1002, 'pm_card_visa');
 	COMMIT});
-ok(wait_for('the apply worker to be refused', 60, sub {
+ok(wait_until('the apply worker to be refused', 60, sub {
 	(refusals($offset))[0] =~ /ERROR:  account 'cust_000002' has billing records: it is never deleted/ }),
 	'the apply worker is refused the delete');
-is(q1($node, q{SELECT string_agg(customer_id, ',' ORDER BY customer_id) FROM billguard.accounts WHERE stripe_customer = 'cus_000002'}),
+is($node->q1(q{SELECT string_agg(customer_id, ',' ORDER BY customer_id) FROM billguard.accounts WHERE stripe_customer = 'cus_000002'}),
 	'cust_000002', 'the account is still there, and no second one for its Stripe customer');
-is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-08')"), '0', 'bill_period(2026-08) again claims nothing');
+is($node->q1("SELECT initiated FROM billguard.bill_period('2026-08')"), '0', 'bill_period(2026-08) again claims nothing');
 (undef, $lsn) = refusals($offset);
 at_crm(q{UPDATE billguard.accounts SET customer_id = 'cust_000002' WHERE customer_id = 'cust_000002_again'});
 ok(skip_refused($lsn, $offset), 'ALTER SUBSCRIPTION ... SKIP skips the refused delete') if defined $lsn;
 
 # ---- a deactivation cancels the billing never sent -----------------------------------------------
 
-reload_with($node, api_key_file => $node->basedir . '/missing.key');
-ok(wait_for('the dispatcher to pause', 20, sub { q1($node, 'SELECT paused FROM billguard.dispatch_status') eq 't' }),
+$node->reload_with(api_key_file => $node->basedir . '/missing.key');
+ok(wait_until('the dispatcher to pause', 20, sub { $node->q1('SELECT paused FROM billguard.dispatch_status') eq 't' }),
 	'the dispatcher is paused: nothing is sent');
-is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-09')"), $accounts, '2026-09 claimed, not sent');
+is($node->q1("SELECT initiated FROM billguard.bill_period('2026-09')"), $accounts, '2026-09 claimed, not sent');
 at_crm(q{UPDATE billguard.accounts SET active = false WHERE customer_id = 'cust_000004'});
-ok(wait_for('the deactivation', 60, sub {
-	q1($node, q{SELECT active FROM billguard.accounts WHERE customer_id = 'cust_000004'}) eq 'f' }),
+ok(wait_until('the deactivation', 60, sub {
+	$node->q1(q{SELECT active FROM billguard.accounts WHERE customer_id = 'cust_000004'}) eq 'f' }),
 	'the deactivation is replicated (the stalled transactions were skipped)');
-is(status_of($node, 'cust_000004', '2026-09'), 'cancelled', "the deactivated account's unsent record is cancelled");
-is(event_types($node, 'cust_000004', '2026-09'), 'BillingInitiated,BillingCancelled', 'with a BillingCancelled event');
-reload_with($node, api_key_file => $node->basedir . '/stripe.key');
-ok(wait_until_settled($node, '2026-09'), '2026-09 settles');
+is($node->status_of('cust_000004', '2026-09'), 'cancelled', "the deactivated account's unsent record is cancelled");
+is($node->event_types('cust_000004', '2026-09'), 'BillingInitiated,BillingCancelled', 'with a BillingCancelled event');
+$node->reload_with(api_key_file => $node->basedir . '/stripe.key');
+ok($node->wait_until_settled('2026-09'), '2026-09 settles');
 
 # ---- a truncate ----------------------------------------------------------------------------------------
 
 $offset = -s $node->logfile;
 at_crm('TRUNCATE billguard.accounts');
-ok(wait_for('the apply worker to be refused', 60, sub {
+ok(wait_until('the apply worker to be refused', 60, sub {
 	(refusals($offset))[0] =~ /ERROR:  billguard.accounts cannot be truncated: \d+ accounts have billing records/ }),
 	'the apply worker is refused the truncate');
-is(q1($node, 'SELECT count(*) FROM billguard.accounts'), $accounts, 'every account is still there');
+is($node->q1('SELECT count(*) FROM billguard.accounts'), $accounts, 'every account is still there');
 
 # ---- what was charged -----------------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-# The search_path attack on the dispatcher, replayed (issue 6, item 1). The
+# The search_path attack on the dispatcher, replayed: no object a
+# non-superuser plants may run with the dispatcher's privileges. The
 # dispatcher runs as the bootstrap superuser. attacker, who is no superuser,
 # owns the billing database, so in PostgreSQL 15 attacker may CREATE in its
 # schema public and set the database's search_path. attacker plants traps in
@@ -21,10 +22,10 @@ use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 
 my $emulator = start_emulator();
-my $node = dispatch_node('search_path_attack', $emulator, "billguard.database = 'billing'");
+my $node = BillguardNode->dispatching('search_path_attack', $emulator, "billguard.database = 'billing'");
 
 # The test's own statements in billing resolve names in pg_catalog only, so
 # that they never spring a trap themselves.
@@ -123,13 +124,13 @@ as_superuser(q{
 sub bill_and_settle {
 	my ($period) = @_;
 	is(as_superuser("SELECT initiated FROM billguard.bill_period('$period')"), '20', "$period: 20 billings initiated");
-	ok(wait_for("$period settled", 60, sub {
+	ok(wait_until("$period settled", 60, sub {
 		as_superuser(qq{SELECT count(*) FROM billguard.billing_records
 		                 WHERE billing_period = '$period' AND status <> 'completed'}) eq '0' }),
 		"$period: every record completed by the dispatcher");
 }
 
-ok(wait_for('the dispatcher of billing', 30, sub {
+ok(wait_until('the dispatcher of billing', 30, sub {
 	as_superuser('SELECT worker_running FROM billguard.dispatch_status') eq 't' }),
 	'a dispatcher serves billing, connected under search_path = public, pg_catalog');
 bill_and_settle('2026-08');

@@ -1,4 +1,4 @@
-# Every database that has the extension is served (issue 6, item 18): a
+# Every database that has the extension is served: a
 # launcher starts one dispatcher per such database. Before, a second
 # database's billings were 'initiated' and then stayed pending for ever.
 #   - three databases with the extension: postgres and early (created before
@@ -26,10 +26,10 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(sleep time);
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 
 my $emulator = start_emulator();
-my $node = dispatch_node('every_db', $emulator,
+my $node = BillguardNode->dispatching('every_db', $emulator,
 	"billguard.database = ''",    # unset: every database
 	"billguard.poll_interval = '1h'",
 	"restart_after_crash = on");
@@ -64,7 +64,7 @@ sub dispatchers {
 sub exactly_one_each {
 	my ($label) = @_;
 	my $seen;
-	my $ok = wait_for("one dispatcher in each of @served ($label)", 60, sub {
+	my $ok = wait_until("one dispatcher in each of @served ($label)", 60, sub {
 		$seen = dispatchers();
 		return join(',', map { "$_=" . ($seen->{$_} // 0) } sort keys %$seen)
 		  eq join(',', map { "$_=1" } sort @served);
@@ -93,7 +93,7 @@ sub bill_both {
 			"$database: $period initiated");
 	}
 	for my $database (qw(early late)) {
-		ok(wait_for("$database $period settled", 60, sub {
+		ok(wait_until("$database $period settled", 60, sub {
 			$node->safe_psql($database, qq{
 				SELECT count(*) FROM billguard.billing_records
 				 WHERE billing_period = '$period' AND status <> 'completed'}) eq '0' }),
@@ -109,7 +109,7 @@ sub one_charge_per_key {
 }
 
 exactly_one_each('after start and CREATE EXTENSION in late');
-ok(wait_for('no connection to plain', 30, sub {
+ok(wait_until('no connection to plain', 30, sub {
 	$node->safe_psql('postgres', q{
 		SELECT count(*) FROM pg_stat_activity WHERE datname IN ('plain', 'plain_copy')}) eq '0' }),
 	'no process stays connected to a database without the extension');
@@ -140,21 +140,21 @@ bill_both('2026-09');
 my $launcher = launcher_pid();
 ok($launcher, 'the launcher runs, as billguard launcher');
 kill('KILL', $launcher) or die "kill -9 $launcher: $!";
-ok(wait_for('a new launcher', 60, sub { my $p = launcher_pid(); $p && $p != $launcher }),
+ok(wait_until('a new launcher', 60, sub { my $p = launcher_pid(); $p && $p != $launcher }),
 	'after kill -9 of the launcher a new launcher runs');
 exactly_one_each('after kill -9 of the launcher');
 bill_both('2026-10');
 
 %pids = map { ($_ => pid_in($_)) } @served;
 kill('TERM', $pids{late}) or die "kill $pids{late}: $!";
-ok(wait_for('a new dispatcher in late', 60, sub { my $p = pid_in('late'); $p && $p != $pids{late} }),
+ok(wait_until('a new dispatcher in late', 60, sub { my $p = pid_in('late'); $p && $p != $pids{late} }),
 	'after SIGTERM the launcher starts a new dispatcher in late');
 exactly_one_each('after SIGTERM of a dispatcher');
 
 %pids = map { ($_ => pid_in($_)) } @served;
 $launcher = launcher_pid();
 kill('TERM', $launcher) or die "kill $launcher: $!";
-ok(wait_for('a new launcher', 60, sub { my $p = launcher_pid(); $p && $p != $launcher }),
+ok(wait_until('a new launcher', 60, sub { my $p = launcher_pid(); $p && $p != $launcher }),
 	'after SIGTERM the postmaster starts the launcher again');
 exactly_one_each('after SIGTERM of the launcher');
 is(join(',', map { pid_in($_) } @served), join(',', map { $pids{$_} } @served),

@@ -1,5 +1,5 @@
 # A database no dispatcher serves says so in dispatch_status, and why,
-# instead of looking healthy (issue 6, item 18):
+# instead of looking healthy while its billings stay pending:
 #   - billguard.database restricts service to postgres: in database other
 #     (with the extension) no dispatcher ever connects, and its
 #     dispatch_status names the setting; postgres is served; unset and
@@ -15,20 +15,20 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(sleep);
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 
 my $emulator = start_emulator();
 
 # ---- billguard.database names another database -------------------------------------
 
-my $restricted = dispatch_node('restricted', $emulator);    # billguard.database = 'postgres'
+my $restricted = BillguardNode->dispatching('restricted', $emulator);    # billguard.database = 'postgres'
 $restricted->safe_psql('postgres', 'CREATE DATABASE other');
 $restricted->safe_psql('other', 'CREATE EXTENSION billguard');
 is($restricted->safe_psql('other',
 	"SELECT worker_running || '|' || not_served_reason FROM billguard.dispatch_status"),
 	'false|this database is not served: billguard.database is "postgres": only that database is served',
 	'other: dispatch_status says it is not served, because billguard.database names postgres');
-ok(wait_for('the dispatcher of postgres', 30, sub {
+ok(wait_until('the dispatcher of postgres', 30, sub {
 	$restricted->safe_psql('postgres', 'SELECT worker_running FROM billguard.dispatch_status') eq 't' }),
 	'postgres is served');
 sleep 0.5;    # a launcher that served other would have started its dispatcher by now
@@ -37,12 +37,12 @@ is($restricted->safe_psql('postgres', q{
 	'no dispatcher connects to other');
 
 # The restriction is reloadable: lifted, other is served; set again, its dispatcher leaves.
-reload_with($restricted, database => '');
-ok(wait_for('other served', 30, sub {
+$restricted->reload_with(database => '');
+ok(wait_until('other served', 30, sub {
 	$restricted->safe_psql('other', 'SELECT worker_running FROM billguard.dispatch_status') eq 't' }),
 	'billguard.database unset and reloaded: other is served, without a restart');
-reload_with($restricted, database => 'postgres');
-ok(wait_for('other left', 30, sub {
+$restricted->reload_with(database => 'postgres');
+ok(wait_until('other left', 30, sub {
 	$restricted->safe_psql('postgres', q{
 		SELECT count(*) FROM pg_stat_activity WHERE datname = 'other' AND backend_type = 'billguard dispatcher'}) eq '0' }),
 	'billguard.database = postgres again: the dispatcher of other leaves');
@@ -54,7 +54,7 @@ $restricted->stop;
 
 # ---- no background worker slot ------------------------------------------------------
 
-my $small = dispatch_node('no_slot', $emulator,
+my $small = BillguardNode->dispatching('no_slot', $emulator,
 	"billguard.database = ''",
 	'max_worker_processes = 2',    # the launcher and one dispatcher
 	'max_logical_replication_workers = 0',
@@ -71,7 +71,7 @@ sub status_by_database {
 		qw(postgres second) };
 }
 my $status;
-ok(wait_for('one database served, the other out of slots', 30, sub {
+ok(wait_until('one database served, the other out of slots', 30, sub {
 	$status = status_by_database($small);
 	my @running = grep { $status->{$_} eq 'true|' } keys %$status;
 	my @waiting = grep { $status->{$_} =~ /^false\|no background worker slot is free/ } keys %$status;
@@ -86,7 +86,7 @@ like(slurp_file($small->logfile), qr/WARNING:  billguard launcher: no background
 
 $small->append_conf('postgresql.conf', 'max_worker_processes = 3');
 $small->restart;
-ok(wait_for('both databases served', 30, sub {
+ok(wait_until('both databases served', 30, sub {
 	$status = status_by_database($small);
 	return $status->{postgres} eq 'true|' && $status->{second} eq 'true|';
 }), 'with a slot more, both databases are served');
@@ -94,7 +94,7 @@ $small->stop;
 
 # ---- not preloaded --------------------------------------------------------------------
 
-my $plain = PostgreSQL::Test::Cluster->new('not_preloaded');
+my $plain = BillguardNode->new('not_preloaded');
 $plain->init;
 $plain->start;
 $plain->safe_psql('postgres', 'CREATE EXTENSION billguard');

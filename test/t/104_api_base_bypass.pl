@@ -1,5 +1,5 @@
 # billguard.api_base cannot be made to send the API key in clear text to a
-# host that is not loopback (issue 6, item 2). libcurl connects to the host
+# host that is not loopback. libcurl connects to the host
 # after an '@', so 'http://127.0.0.1:80@evil.example' looked like loopback to
 # a check that read the text before the first ':' and was accepted.
 #   - ALTER SYSTEM SET with that value, and with other spellings libcurl
@@ -13,10 +13,10 @@ use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 
 my $emulator = start_emulator();
-my $node = dispatch_node('api_base', $emulator);
+my $node = BillguardNode->dispatching('api_base', $emulator);
 my $good = $emulator->url('');
 my $auto_conf = $node->data_dir . '/postgresql.auto.conf';
 my $auto_before = slurp_file($auto_conf);
@@ -37,23 +37,23 @@ for my $value (sort keys %bypasses) {
 	like($err, $bypasses{$value}, "... and the detail says why");
 }
 is(slurp_file($auto_conf), $auto_before, 'postgresql.auto.conf is unchanged');
-is(q1($node, 'SHOW billguard.api_base'), $good, 'billguard.api_base is still the emulator');
+is($node->q1('SHOW billguard.api_base'), $good, 'billguard.api_base is still the emulator');
 
 # The same value in postgresql.conf: a reload refuses it and keeps the old one.
 my $log_offset = -s $node->logfile;
 $node->append_conf('postgresql.conf', "billguard.api_base = 'http://127.0.0.1:80\@evil.example'");
 $node->reload;
-ok(wait_for('the reload to refuse the value', 20, sub {
+ok(wait_until('the reload to refuse the value', 20, sub {
 	slurp_file($node->logfile, $log_offset) =~ /invalid value for parameter "billguard.api_base"/ }),
 	'a reload with the bypass in postgresql.conf logs that the value is invalid');
-is(q1($node, 'SHOW billguard.api_base'), $good, 'after the reload billguard.api_base is the old value');
+is($node->q1('SHOW billguard.api_base'), $good, 'after the reload billguard.api_base is the old value');
 
-q1($node, q{INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method)
+$node->q1(q{INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method)
             VALUES ('cust_104', 'cus_104', 4900, 'usd', 'pm_card_visa')});
-is(bill($node, 'cust_104', '2026-08'), 'initiated', 'a billing after the refused reload');
-ok(wait_until_settled($node, '2026-08'), 'it settles');
-is(status_of($node, 'cust_104', '2026-08'), 'completed', 'it is completed');
-is(scalar(@{ succeeded_for_key($emulator, key_of($node, 'cust_104', '2026-08')) }), 1,
+is($node->bill('cust_104', '2026-08'), 'initiated', 'a billing after the refused reload');
+ok($node->wait_until_settled('2026-08'), 'it settles');
+is($node->status_of('cust_104', '2026-08'), 'completed', 'it is completed');
+is(scalar(@{ succeeded_for_key($emulator, $node->key_of('cust_104', '2026-08')) }), 1,
 	'the charge went to the emulator, the old api_base, once');
 
 $node->stop;

@@ -1,5 +1,5 @@
-# The API key file must be readable by the server's user only (issue 6, item
-# 4), as libpq requires of ~/.pgpass: a key file with group or world access
+# The API key file must be readable by the server's user only, so no other
+# local user can read the Stripe key, as libpq requires of ~/.pgpass: a key file with group or world access
 # is refused. The dispatcher pauses and says why in dispatch_status (without
 # the key), sends nothing, and resumes after chmod 600 and a reload.
 use strict;
@@ -8,44 +8,44 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(sleep);
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 
 my $emulator = start_emulator();
-my $node = dispatch_node('api_key_mode', $emulator);
+my $node = BillguardNode->dispatching('api_key_mode', $emulator);
 my $key = $StripeEmulatorHarness::DEFAULT_API_KEY;
-my $key_file = q1($node, 'SHOW billguard.api_key_file');
-q1($node, q{INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method)
+my $key_file = $node->q1('SHOW billguard.api_key_file');
+$node->q1(q{INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method)
             VALUES ('cust_105', 'cus_105', 4900, 'usd', 'pm_card_visa')});
 
 # Group-readable from the start: refused when the dispatcher starts.
 chmod 0640, $key_file or die "chmod $key_file: $!";
 $node->restart;
-ok(wait_for('the dispatcher to pause', 20, sub { q1($node, 'SELECT paused FROM billguard.dispatch_status') eq 't' }),
+ok(wait_until('the dispatcher to pause', 20, sub { $node->q1('SELECT paused FROM billguard.dispatch_status') eq 't' }),
 	'a group-readable key file: the dispatcher is paused');
-my $reason = q1($node, 'SELECT pause_reason FROM billguard.dispatch_status');
+my $reason = $node->q1('SELECT pause_reason FROM billguard.dispatch_status');
 like($reason, qr/billguard\.api_key_file has group or world access \(mode 0640\).*chmod 600/,
 	'dispatch_status says the file has group access and what to do');
 unlike($reason, qr/\Q$key\E/, 'the reason does not contain the key');
 unlike($reason, qr/\Q$key_file\E/, 'nor the path of the key file (superuser-only)');
 
-is(bill($node, 'cust_105', '2026-08'), 'initiated', 'a billing while paused');
+is($node->bill('cust_105', '2026-08'), 'initiated', 'a billing while paused');
 sleep 1;    # several poll intervals: a dispatcher that sends would have sent by now
 is($emulator->stats->{requests} // 0, 0, 'nothing reaches the emulator');
-is(status_of($node, 'cust_105', '2026-08'), 'pending', 'the record stays pending, never claimed');
+is($node->status_of('cust_105', '2026-08'), 'pending', 'the record stays pending, never claimed');
 
 # World-readable, on reload.
 chmod 0604, $key_file or die "chmod $key_file: $!";
 $node->reload;
-ok(wait_for('the new reason', 20, sub { q1($node, 'SELECT pause_reason FROM billguard.dispatch_status') =~ /mode 0604/ }),
+ok(wait_until('the new reason', 20, sub { $node->q1('SELECT pause_reason FROM billguard.dispatch_status') =~ /mode 0604/ }),
 	'a world-readable key file after a reload: still paused, with the new mode in the reason');
 
 # Fixed: chmod 600 and a reload resume billing.
 chmod 0600, $key_file or die "chmod $key_file: $!";
 $node->reload;
-ok(wait_until_settled($node, '2026-08'), 'after chmod 600 and a reload the record settles');
-is(status_of($node, 'cust_105', '2026-08'), 'completed', 'it is completed');
-is(scalar(@{ succeeded_for_key($emulator, key_of($node, 'cust_105', '2026-08')) }), 1, 'one charge at the emulator');
-is(q1($node, "SELECT paused::text || '|' || coalesce(pause_reason, '') FROM billguard.dispatch_status"), 'false|',
+ok($node->wait_until_settled('2026-08'), 'after chmod 600 and a reload the record settles');
+is($node->status_of('cust_105', '2026-08'), 'completed', 'it is completed');
+is(scalar(@{ succeeded_for_key($emulator, $node->key_of('cust_105', '2026-08')) }), 1, 'one charge at the emulator');
+is($node->q1("SELECT paused::text || '|' || coalesce(pause_reason, '') FROM billguard.dispatch_status"), 'false|',
 	'dispatch_status: no longer paused');
 
 $node->stop;

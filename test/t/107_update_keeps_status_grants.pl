@@ -9,9 +9,9 @@ use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use BillguardTest;
+use BillguardNode;
 
-my $node = billguard_node('update_grants', { extension_version => '0.1.0' });
+my $node = BillguardNode->preloaded('update_grants', { extension_version => '0.1.0' });
 $node->safe_psql('postgres', q{
 	CREATE ROLE billing_ops LOGIN;
 	GRANT USAGE ON SCHEMA billguard TO billing_ops;

@@ -22,10 +22,10 @@ use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 
 my $emulator = start_emulator();
-my $node = dispatch_node('schema_owner_attack', $emulator, "billguard.database = 'billing'");
+my $node = BillguardNode->dispatching('schema_owner_attack', $emulator, "billguard.database = 'billing'");
 $node->safe_psql('postgres', 'CREATE ROLE dbowner LOGIN NOSUPERUSER');
 $node->safe_psql('postgres', 'CREATE DATABASE billing OWNER dbowner');
 
@@ -87,7 +87,7 @@ in_billing(qq{
 	SELECT 'cust_' || g, 'cus_' || g, 1000 + g, 'usd', 'pm_card_visa' FROM generate_series(1, $accounts) g});
 $emulator->add_fault(kind => 'status', status => 503, count => $accounts);
 is(in_billing(q{SELECT initiated FROM billguard.bill_period('2026-09')}), $accounts, "$accounts records claimed");
-ok(wait_for('every record completed', 90, sub {
+ok(wait_until('every record completed', 90, sub {
 	in_billing(q{SELECT count(*) FROM billguard.billing_records WHERE status = 'completed'}) eq $accounts }),
 	'every record completes');
 is(in_billing(q{SELECT count(*) FROM billguard.journal

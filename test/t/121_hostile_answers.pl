@@ -10,7 +10,7 @@ use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 use RawHttpServer;
 
 # customer => [status, body]; searches find nothing.
@@ -34,31 +34,31 @@ my $stripe = RawHttpServer->start(sub {
 	  : @{ $answers{ $customer // '' } // [404, '{}'] };
 	return ($status, $answer, 'req_' . ($customer // 'search'));
 });
-my $node = dispatch_node('hostile', $stripe, "billguard.search_settle_delay = '1h'");
-q1($node, q{INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method)
+my $node = BillguardNode->dispatching('hostile', $stripe, "billguard.search_settle_delay = '1h'");
+$node->q1(q{INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method)
 	SELECT c, 'cus_' || c, 1000, 'usd', 'pm_card_visa'
 	  FROM unnest(ARRAY['} . join("','", sort keys %answers) . q{']) c});
-my $pid = wait_for_new_dispatcher($node, undef, 20);
+my $pid = $node->wait_for_new_dispatcher(undef, 20);
 ok($pid, "a dispatcher runs (pid $pid)");
-is(q1($node, "SELECT initiated FROM billguard.bill_period('2031-05')"), scalar(keys %answers), 'every account billed');
+is($node->q1("SELECT initiated FROM billguard.bill_period('2031-05')"), scalar(keys %answers), 'every account billed');
 
 my %expected = (
 	hostile_number => 'needs_review', hostile_deep => 'needs_review', hostile_huge => 'needs_review',
 	hostile_utf8 => 'failed', hostile_nul => 'failed', hostile_html => 'unknown', hostile_fine => 'completed');
 my $states = sub {
-	return q1($node, q{SELECT string_agg(customer_id || '=' || status, ',' ORDER BY customer_id)
+	return $node->q1(q{SELECT string_agg(customer_id || '=' || status, ',' ORDER BY customer_id)
 		FROM billguard.billing_records WHERE billing_period = '2031-05'});
 };
 my $want = join(',', map { "$_=$expected{$_}" } sort keys %expected);
-ok(wait_for('every record in its expected state', 60, sub { $states->() eq $want }),
+ok(wait_until('every record in its expected state', 60, sub { $states->() eq $want }),
 	'every record ends in a sensible state') or diag('states: ' . $states->());
-is(dispatcher_pid($node), $pid, 'the dispatcher never restarted (same pid)');
+is($node->dispatcher_pid, $pid, 'the dispatcher never restarted (same pid)');
 unlike(slurp_file($node->logfile), qr/background worker "billguard dispatcher" \(PID \d+\) exited/,
 	'the server log shows no dispatcher exit');
 
 my $event = sub {
 	my ($customer, $type) = @_;
-	return events_of($node, $customer, '2031-05', $type)->[0] // {};
+	return $node->events_of($customer, '2031-05', $type)->[0] // {};
 };
 is($event->('hostile_fine', 'BillingCompleted')->{charge_id}, 'pi_fine', 'a readable answer completes with its id');
 is($event->('hostile_number', 'NeedsReview')->{message}, 'success response without an object id',

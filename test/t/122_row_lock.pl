@@ -15,51 +15,52 @@ use IPC::Run;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use BillguardTest;
+use BillguardNode;
 use DispatchScenario;
 
 my $emulator = start_emulator(latency_ms => 300);
-my $node = dispatch_node('row_lock', $emulator);
-add_accounts($node, 30);
+my $node = BillguardNode->dispatching('row_lock', $emulator);
+$node->add_accounts(30);
 my $period = '2031-03';
 
 # ---- row lock ----
 my $lock = start_row_lock($node, 'cust_000001', $period);
-is(q1($node, "SELECT initiated FROM billguard.bill_period('$period')"), '30', 'row lock: 30 billings initiated');
+is($node->q1("SELECT initiated FROM billguard.bill_period('$period')"), '30', 'row lock: 30 billings initiated');
 is(row_lock_taken($lock), 'dispatching:1', 'row lock: another session holds cust_000001 while its request is in flight');
 my $others = sub {
-	q1($node, "SELECT count(*) FROM billguard.billing_records WHERE billing_period = '$period' AND status = 'completed'");
+	$node->q1("SELECT count(*) FROM billguard.billing_records WHERE billing_period = '$period' AND status = 'completed'");
 };
-ok(wait_for('the other 29 records completed', 60, sub { $others->() eq '29' }),
+ok(wait_until('the other 29 records completed', 60, sub { $others->() eq '29' }),
 	'row lock: the other 29 records complete while the lock is held') or diag('completed: ' . $others->());
-ok(wait_for('the answer waiting', 20, sub { answer_waits_for_row_lock($node, 'cust_000001', $period) }),
+ok(wait_until('the answer waiting', 20, sub { $node->answer_waits_for_row_lock('cust_000001', $period) }),
 	'row lock: the locked record\'s answer waits for the lock (logged)');
-is(status_of($node, 'cust_000001', $period), 'dispatching', 'row lock: the locked record is still dispatching');
+is($node->status_of('cust_000001', $period), 'dispatching', 'row lock: the locked record is still dispatching');
 end_row_lock($lock);
-ok(wait_for('the locked record completed', 60, sub { status_of($node, 'cust_000001', $period) eq 'completed' }),
+ok(wait_until('the locked record completed', 60, sub { $node->status_of('cust_000001', $period) eq 'completed' }),
 	'row lock: once released, the locked record completes');
-my $key = key_of($node, 'cust_000001', $period);
+my $key = $node->key_of('cust_000001', $period);
 my $charges = succeeded_for_key($emulator, $key);
 is(scalar(@$charges), 1, 'row lock: exactly one charge for its key');
-is(q1($node, "SELECT charge_id FROM billguard.billing_records WHERE idempotency_key = '$key'"), $charges->[0]{id} // '(none)',
+is($node->q1("SELECT charge_id FROM billguard.billing_records WHERE idempotency_key = '$key'"), $charges->[0]{id} // '(none)',
 	'row lock: completed with that charge id');
 my $by_key = charges_by_key($emulator);
 is(scalar(keys %$by_key) . '/' . scalar(grep { @{ $by_key->{$_} } != 1 } keys %$by_key), '30/0',
 	'row lock: 30 keys charged, each exactly once');
 
 # ---- SIGTERM while the dispatcher waits for a lock ----
-my $pid = dispatcher_pid($node);
+my $pid = $node->dispatcher_pid;
 my %s = (in => "BEGIN;\nLOCK TABLE billguard.billing_records IN ACCESS EXCLUSIVE MODE;\nSELECT 'LOCKED';\n", out => '', err => '');
 $s{handle} = IPC::Run::start([ 'psql', '-XAtq', '-v', 'ON_ERROR_STOP=1', '-d', $node->connstr('postgres') ],
 	'<', \$s{in}, '>', \$s{out}, '2>', \$s{err});
-ok(wait_for('the table lock', 20, sub { $s{handle}->pump_nb; $s{out} =~ /LOCKED/ }), 'SIGTERM: another session locks billing_records');
+ok(wait_until('the table lock', 20, sub { $s{handle}->pump_nb; $s{out} =~ /LOCKED/ }), 'SIGTERM: another session locks billing_records');
 my $waiting = sub {
-	q1($node, "SELECT count(*) FROM pg_stat_activity WHERE pid = $pid AND wait_event_type = 'Lock'");
+	$node->q1("SELECT count(*) FROM pg_stat_activity WHERE pid = $pid AND wait_event_type = 'Lock'");
 };
-ok(wait_for('the dispatcher waiting for the lock', 20, sub { $waiting->() eq '1' }),
+ok(wait_until('the dispatcher waiting for the lock', 20, sub { $waiting->() eq '1' }),
 	'SIGTERM: the dispatcher waits for the lock (its poll claims)');
 ok(kill('TERM', $pid), 'SIGTERM sent to the waiting dispatcher');
-ok(wait_for('the dispatcher gone', 20, sub {
-		q1($node, "SELECT count(*) FROM pg_stat_activity WHERE pid = $pid") eq '0' }),
+ok(wait_until('the dispatcher gone', 20, sub {
+		$node->q1("SELECT count(*) FROM pg_stat_activity WHERE pid = $pid") eq '0' }),
 	'SIGTERM: the dispatcher stops while the lock is still held');
 $s{handle}->pump_nb;
 is($s{err}, '', 'SIGTERM: (the lock was held all along)');
@@ -67,10 +68,10 @@ like(slurp_file($node->logfile), qr/billguard dispatcher: stopping with 0 reques
 	'SIGTERM: the dispatcher stopped cleanly (its stop line is logged)');
 $s{in} .= "ROLLBACK;\n";
 $s{handle}->finish;
-ok(wait_for_new_dispatcher($node, $pid, 30), 'SIGTERM: a new dispatcher runs once the lock is gone');
-is(q1($node, "SELECT initiated FROM billguard.bill_period('2031-04')"), '30', 'SIGTERM: a new period initiated');
-ok(wait_until_settled($node, '2031-04', 60), 'SIGTERM: and it settles');
-is(q1($node, "SELECT count(*) FROM billguard.billing_records WHERE status = 'completed'"), '60', 'every record completed');
+ok($node->wait_for_new_dispatcher($pid, 30), 'SIGTERM: a new dispatcher runs once the lock is gone');
+is($node->q1("SELECT initiated FROM billguard.bill_period('2031-04')"), '30', 'SIGTERM: a new period initiated');
+ok($node->wait_until_settled('2031-04', 60), 'SIGTERM: and it settles');
+is($node->q1("SELECT count(*) FROM billguard.billing_records WHERE status = 'completed'"), '60', 'every record completed');
 
 $node->stop;
 $emulator->stop;

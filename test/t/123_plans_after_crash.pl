@@ -9,10 +9,10 @@ use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 
 my $emulator = start_emulator();
-my $node = dispatch_node('plans', $emulator,
+my $node = BillguardNode->dispatching('plans', $emulator,
 	"shared_preload_libraries = 'billguard,auto_explain'",
 	'autovacuum = off',
 	"log_line_prefix = '%m [%p] %b '",
@@ -20,21 +20,21 @@ my $node = dispatch_node('plans', $emulator,
 	'auto_explain.sample_rate = 0.05');
 # A first period is billed and completed, and analyzed: the statistics say
 # every record is completed and the queue's index is empty.
-add_accounts($node, 4000);
-is(q1($node, "SELECT initiated FROM billguard.bill_period('2031-05')"), '4000', 'a first period billed');
-ok(wait_until_settled($node, '2031-05', 180), 'and completed');
-q1($node, 'VACUUM ANALYZE billguard.billing_records');
+$node->add_accounts(4000);
+is($node->q1("SELECT initiated FROM billguard.bill_period('2031-05')"), '4000', 'a first period billed');
+ok($node->wait_until_settled('2031-05', 180), 'and completed');
+$node->q1('VACUUM ANALYZE billguard.billing_records');
 # Then a backlog of 4,000 is claimed while the dispatcher is paused.
-my $key_file = q1($node, 'SHOW billguard.api_key_file');
-reload_with($node, api_key_file => '');
-is(q1($node, "SELECT initiated FROM billguard.bill_period('2031-06')"), '4000', 'a backlog of 4,000 records claimed');
+my $key_file = $node->q1('SHOW billguard.api_key_file');
+$node->reload_with(api_key_file => '');
+is($node->q1("SELECT initiated FROM billguard.bill_period('2031-06')"), '4000', 'a backlog of 4,000 records claimed');
 $node->stop('immediate');
 $node->append_conf('postgresql.conf', 'auto_explain.log_min_duration = 0');
 $node->start;
-reload_with($node, api_key_file => $key_file);
-is(q1($node, "SELECT coalesce(n_mod_since_analyze, 0) FROM pg_stat_user_tables WHERE relid = 'billguard.billing_records'::regclass"),
+$node->reload_with(api_key_file => $key_file);
+is($node->q1("SELECT coalesce(n_mod_since_analyze, 0) FROM pg_stat_user_tables WHERE relid = 'billguard.billing_records'::regclass"),
 	'0', 'after the crash the statistics know of no change since the (empty) ANALYZE');
-ok(wait_until_settled($node, '2031-06', 180), 'the backlog drains');
+ok($node->wait_until_settled('2031-06', 180), 'the backlog drains');
 
 # Plans logged by the dispatcher for statements that look a record up by key.
 my @plans = grep { /Query Text:.*idempotency_key = (?:\w+\.)?key/s }
@@ -44,7 +44,7 @@ cmp_ok(scalar(@plans), '>', 20, 'auto_explain logged the plans of the worker\'s 
 my @off_key = grep { !/using billing_records_pk/ || /Seq Scan|billing_records_due/ } @plans;
 is(scalar(@off_key), 0, 'every hot-path statement that looks a record up by key uses the primary key')
   or diag("first plan that does not:\n" . $off_key[0]);
-is(scalar(@{ charges_by_key($emulator)->{ key_of($node, 'cust_000001', '2031-06') } // [] }), 1,
+is(scalar(@{ charges_by_key($emulator)->{ $node->key_of('cust_000001', '2031-06') } // [] }), 1,
 	'(the records were charged, once each)');
 
 $node->stop;

@@ -16,44 +16,44 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(sleep);
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 
 my $emulator = start_emulator();
-my $node = dispatch_node('statistics', $emulator);
-add_accounts($node, 50);
-my $pid = wait_for_new_dispatcher($node, undef, 20);
+my $node = BillguardNode->dispatching('statistics', $emulator);
+$node->add_accounts(50);
+my $pid = $node->wait_for_new_dispatcher(undef, 20);
 ok($pid, 'a dispatcher runs');
 my $counts = sub {
-	return q1($node, q{SELECT (SELECT n_tup_upd FROM pg_stat_user_tables WHERE relid = 'billguard.billing_records'::regclass)
+	return $node->q1(q{SELECT (SELECT n_tup_upd FROM pg_stat_user_tables WHERE relid = 'billguard.billing_records'::regclass)
 		|| '/' || (SELECT n_tup_ins FROM pg_stat_user_tables WHERE relid = 'billguard.journal'::regclass)});
 };
 is($counts->(), '0/0', 'no updates of billing_records nor journal inserts counted yet');
-is(q1($node, "SELECT initiated FROM billguard.bill_period('2031-02')"), '50', '50 billings initiated (50 journal inserts)');
-ok(wait_until_settled($node, '2031-02', 60), 'the dispatcher completes the period');
-ok(wait_for('the dispatcher\'s statistics', 30, sub {
+is($node->q1("SELECT initiated FROM billguard.bill_period('2031-02')"), '50', '50 billings initiated (50 journal inserts)');
+ok($node->wait_until_settled('2031-02', 60), 'the dispatcher completes the period');
+ok(wait_until('the dispatcher\'s statistics', 30, sub {
 		my ($updates, $inserts) = split m{/}, $counts->();
 		$updates >= 100 && $inserts >= 150 }),
 	'pg_stat_user_tables counts its updates (a claim and an answer each) and its journal inserts')
   or diag('billing_records n_tup_upd / journal n_tup_ins: ' . $counts->());
-is(dispatcher_pid($node), $pid, 'while the same dispatcher still runs');
+is($node->dispatcher_pid, $pid, 'while the same dispatcher still runs');
 
 # ---- a burst, then idle --------------------------------------------------------------
 
-reload_with($node, poll_interval => '1h');
+$node->reload_with(poll_interval => '1h');
 # Every record is claimed once and answered once; nothing is ever deleted from the journal.
 my $actual = sub {
-	return q1($node, q{SELECT 2 * (SELECT count(*) FROM billguard.billing_records)
+	return $node->q1(q{SELECT 2 * (SELECT count(*) FROM billguard.billing_records)
 		|| '/' || (SELECT count(*) FROM billguard.journal)});
 };
-ok(wait_for('all 50 counted', 30, sub { $counts->() eq $actual->() }), 'before the burst: every update and insert counted')
+ok(wait_until('all 50 counted', 30, sub { $counts->() eq $actual->() }), 'before the burst: every update and insert counted')
   or diag('counted: ' . $counts->() . ', done: ' . $actual->());
-add_accounts($node, 300, 'burst_');
-is(q1($node, "SELECT initiated FROM billguard.bill_period('2031-03')"), '350', 'a burst: 350 billings initiated');
-ok(wait_until_settled($node, '2031-03', 60), 'the dispatcher completes them');
+$node->add_accounts(300, 'burst_');
+is($node->q1("SELECT initiated FROM billguard.bill_period('2031-03')"), '350', 'a burst: 350 billings initiated');
+ok($node->wait_until_settled('2031-03', 60), 'the dispatcher completes them');
 sleep 3;
 is($counts->(), $actual->(),
 	'3 s after the burst, pg_stat_user_tables shows every update and insert of its last transactions');
-is(dispatcher_pid($node), $pid, 'still the same dispatcher, idle');
+is($node->dispatcher_pid, $pid, 'still the same dispatcher, idle');
 
 $node->stop;
 $emulator->stop;

@@ -31,13 +31,13 @@ use Test::More;
 use Time::HiRes qw(sleep time);
 use JSON::PP;
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 
 my $emulator = start_emulator();
-my $node = dispatch_node('midperiod', $emulator, { extension_version => '0.1.0' },
+my $node = BillguardNode->dispatching('midperiod', $emulator, { extension_version => '0.1.0' },
 	"billguard.search_settle_delay = '0'",
 	"billguard.max_unknown_cycles = 1000");
-add_accounts($node, 5);
+$node->add_accounts(5);
 my $period = '2031-05';
 my $old_version = '2022-11-15';    # an API version under which 0.1.0's body charged
 
@@ -50,7 +50,7 @@ sub body_010 {
 	my @fields = (
 		amount => 1000 + $n % 500, currency => 'usd', customer => "cus_$n", payment_method => 'pm_card_visa',
 		confirm => 'true', off_session => 'true', description => "billguard $customer $period",
-		'metadata[billguard_key]' => key_of($node, $customer, $period),
+		'metadata[billguard_key]' => $node->key_of($customer, $period),
 		'metadata[billing_period]' => $period, 'metadata[customer_id]' => $customer);
 	my @pairs;
 	while (my ($name, $value) = splice(@fields, 0, 2)) {
@@ -61,85 +61,85 @@ sub body_010 {
 
 sub stored_body {
 	my ($customer) = @_;
-	return q1($node, "SELECT request_body FROM billguard.billing_records WHERE customer_id = '$customer' AND billing_period = '$period'");
+	return $node->q1("SELECT request_body FROM billguard.billing_records WHERE customer_id = '$customer' AND billing_period = '$period'");
 }
 
 # ---- upgrade: records 0.1.0 had sent, in flight across the update ---------------
 my ($lost, $cached) = ('cust_000001', 'cust_000002');
-is(bill($node, $_, $period), 'initiated', "0.1.0: $_ billed") for $lost, $cached;
+is($node->bill($_, $period), 'initiated', "0.1.0: $_ billed") for $lost, $cached;
 is($emulator->add_fault(kind => 'commit_then_drop', count => 1)->{json}{queued}, 1, 'upgrade: the first answer will be lost');
-$emulator->request('POST', '/v1/payment_intents', body_010($lost), idempotency_key => key_of($node, $lost, $period),
+$emulator->request('POST', '/v1/payment_intents', body_010($lost), idempotency_key => $node->key_of($lost, $period),
 	headers => { 'Stripe-Version' => $old_version });
 is($emulator->add_fault(kind => 'status', status => 500, count => 1)->{json}{queued}, 1,
 	'upgrade: the second answer will be a 500, cached, with the charge made');
-is($emulator->request('POST', '/v1/payment_intents', body_010($cached), idempotency_key => key_of($node, $cached, $period),
+is($emulator->request('POST', '/v1/payment_intents', body_010($cached), idempotency_key => $node->key_of($cached, $period),
 	headers => { 'Stripe-Version' => $old_version })->{status}, 500, 'upgrade: 0.1.0 got a 500 for the second');
 is(scalar(@{ succeeded_charges($emulator) }), 2, 'upgrade: both were charged at the emulator');
 # As 0.1.0's dispatcher left them: claimed, sent, no answer recorded.
-q1($node, qq{UPDATE billguard.billing_records SET status = 'dispatching', attempts = 1, first_dispatched_at = now(),
+$node->q1(qq{UPDATE billguard.billing_records SET status = 'dispatching', attempts = 1, first_dispatched_at = now(),
 	next_attempt_at = now() WHERE customer_id IN ('$lost', '$cached')});
 
-q1($node, 'ALTER EXTENSION billguard UPDATE');
+$node->q1('ALTER EXTENSION billguard UPDATE');
 is(stored_body($lost), body_010($lost), 'upgrade: the record whose answer was lost keeps 0.1.0\'s body, byte for byte');
 is(stored_body($cached), body_010($cached), 'upgrade: the record with a cached 500 keeps 0.1.0\'s body, byte for byte');
-ok(wait_until_settled($node, $period, 60), 'upgrade: both settle');
+ok($node->wait_until_settled($period, 60), 'upgrade: both settle');
 for my $c ($lost, $cached) {
-	my $charges = succeeded_for_key($emulator, key_of($node, $c, $period));
+	my $charges = succeeded_for_key($emulator, $node->key_of($c, $period));
 	is(scalar(@$charges), 1, "upgrade: $c has exactly one charge");
-	is(record_of($node, $c, $period) =~ s/\|\d+$//r, 'completed|' . ($charges->[0]{id} // ''),
+	is($node->record_of($c, $period) =~ s/\|\d+$//r, 'completed|' . ($charges->[0]{id} // ''),
 		"upgrade: $c completed with that charge");
 }
-like(event_types($node, $lost, $period), qr/,BillingCompleted$/, 'upgrade: the lost answer was replayed');
-is(events_of($node, $lost, $period, 'BillingCompleted')->[0]{replayed}, JSON::PP::true,
+like($node->event_types($lost, $period), qr/,BillingCompleted$/, 'upgrade: the lost answer was replayed');
+is($node->events_of($lost, $period, 'BillingCompleted')->[0]{replayed}, JSON::PP::true,
 	'upgrade: ... as a replay of the first request');
-like(event_types($node, $cached, $period), qr/ChargeUnknown,ChargeAttempted,ChargeReconciled$/,
+like($node->event_types($cached, $period), qr/ChargeUnknown,ChargeAttempted,ChargeReconciled$/,
 	'upgrade: the cached 500 was replayed to the re-send, then the search found the charge');
 is($emulator->stats->{idempotency_conflicts}, 0, 'upgrade: no idempotency_error');
 
 # ---- 0.2.0: a stored old body re-sent after the API version changed ---------------
 my $resent = 'cust_000003';
-reload_with($node, api_key_file => '');    # paused: the test stores the old body before the first claim
-ok(wait_for('the dispatcher to pause', 20, sub { q1($node, 'SELECT paused FROM billguard.dispatch_status') eq 't' }),
+$node->reload_with(api_key_file => '');    # paused: the test stores the old body before the first claim
+ok(wait_until('the dispatcher to pause', 20, sub { $node->q1('SELECT paused FROM billguard.dispatch_status') eq 't' }),
 	'0.2.0: the dispatcher is paused');
-is(bill($node, $resent, $period), 'initiated', '0.2.0: billed');
-q1($node, qq{UPDATE billguard.billing_records SET stripe_endpoint = '/v1/payment_intents', request_body = '@{[ body_010($resent) ]}'
+is($node->bill($resent, $period), 'initiated', '0.2.0: billed');
+$node->q1(qq{UPDATE billguard.billing_records SET stripe_endpoint = '/v1/payment_intents', request_body = '@{[ body_010($resent) ]}'
 	WHERE customer_id = '$resent' AND billing_period = '$period'});
 $emulator->configure(search_delay_ms => 600000);    # the searches miss the charge until told otherwise
 $emulator->add_fault(kind => 'status', status => 500, count => 1);
-reload_with($node, api_key_file => $node->basedir . '/stripe.key', stripe_version => $old_version,
+$node->reload_with(api_key_file => $node->basedir . '/stripe.key', stripe_version => $old_version,
 	search_settle_delay => '1h');
-ok(wait_for('the 500', 30, sub { status_of($node, $resent, $period) eq 'unknown' }),
+ok(wait_until('the 500', 30, sub { $node->status_of($resent, $period) eq 'unknown' }),
 	'0.2.0: the first attempt got a 500 (charge made, cached) under the old API version');
-is(scalar(@{ succeeded_for_key($emulator, key_of($node, $resent, $period)) }), 1, '0.2.0: the charge exists');
-reload_with($node, stripe_version => '2024-06-20', search_settle_delay => '0');
-ok(wait_for('the reload', 20, sub { q1($node, 'SHOW billguard.stripe_version') eq '2024-06-20' }), '0.2.0: the API version is raised');
+is(scalar(@{ succeeded_for_key($emulator, $node->key_of($resent, $period)) }), 1, '0.2.0: the charge exists');
+$node->reload_with(stripe_version => '2024-06-20', search_settle_delay => '0');
+ok(wait_until('the reload', 20, sub { $node->q1('SHOW billguard.stripe_version') eq '2024-06-20' }), '0.2.0: the API version is raised');
 sleep 1;    # the dispatcher's loop takes the reload
 my $replayed = $emulator->stats->{replayed};
-q1($node, "UPDATE billguard.billing_records SET next_attempt_at = now() WHERE customer_id = '$resent' AND billing_period = '$period'");
-ok(wait_for('a re-send replayed', 30, sub { $emulator->stats->{replayed} > $replayed }),
+$node->q1("UPDATE billguard.billing_records SET next_attempt_at = now() WHERE customer_id = '$resent' AND billing_period = '$period'");
+ok(wait_until('a re-send replayed', 30, sub { $emulator->stats->{replayed} > $replayed }),
 	'0.2.0: the search missed, the old body was re-sent and the cached 500 replayed');
 $emulator->configure(search_delay_ms => 0);
-ok(wait_for('completed', 60, sub { status_of($node, $resent, $period) eq 'completed' }), '0.2.0: completed');
-my $charges = succeeded_for_key($emulator, key_of($node, $resent, $period));
+ok(wait_until('completed', 60, sub { $node->status_of($resent, $period) eq 'completed' }), '0.2.0: completed');
+my $charges = succeeded_for_key($emulator, $node->key_of($resent, $period));
 is(scalar(@$charges), 1, '0.2.0: exactly one charge');
-is(record_of($node, $resent, $period) =~ s/^(\w+\|[^|]*)\|\d+$/$1/r, 'completed|' . ($charges->[0]{id} // ''),
+is($node->record_of($resent, $period) =~ s/^(\w+\|[^|]*)\|\d+$/$1/r, 'completed|' . ($charges->[0]{id} // ''),
 	'0.2.0: completed with it');
 is(stored_body($resent), body_010($resent), '0.2.0: the stored body is still the old one');
 is($emulator->stats->{idempotency_conflicts}, 0, '0.2.0: no idempotency_error');
 
 # ---- new: a record billed now carries the new parameters ---------------------------
 my $new = 'cust_000004';
-is(bill($node, $new, $period), 'initiated', 'new: billed');
-ok(wait_for('completed', 30, sub { status_of($node, $new, $period) !~ /^(pending|dispatching|unknown)$/ }), 'new: settles');
-is(status_of($node, $new, $period), 'completed', 'new: charged under API version 2024-06-20');
+is($node->bill($new, $period), 'initiated', 'new: billed');
+ok(wait_until('completed', 30, sub { $node->status_of($new, $period) !~ /^(pending|dispatching|unknown)$/ }), 'new: settles');
+is($node->status_of($new, $period), 'completed', 'new: charged under API version 2024-06-20');
 is(stored_body($new), body_010($new) =~ s/&off_session=true&/&off_session=true&automatic_payment_methods%5Benabled%5D=true&automatic_payment_methods%5Ballow_redirects%5D=never&/r,
 	'new: its body says how it may be paid');
-my ($object) = @{ succeeded_for_key($emulator, key_of($node, $new, $period)) };
+my ($object) = @{ succeeded_for_key($emulator, $node->key_of($new, $period)) };
 is_deeply([ $object->{automatic_payment_methods}, $object->{payment_method_types} ],
 	[ { enabled => JSON::PP::true, allow_redirects => 'never' }, [] ],
 	'new: the emulator received automatic payment methods without redirects');
 for my $c ($lost, $cached, $resent) {
-	my ($old) = @{ succeeded_for_key($emulator, key_of($node, $c, $period)) };
+	my ($old) = @{ succeeded_for_key($emulator, $node->key_of($c, $period)) };
 	is_deeply([ $old->{automatic_payment_methods}, $old->{payment_method_types} ], [ undef, ['card'] ],
 		"the charge of $c was made with the old body (cards, as the old API version had it)");
 }

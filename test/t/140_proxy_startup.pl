@@ -1,4 +1,4 @@
-# Starting billguard-proxy (issue 8, the proxy's command line): it refuses
+# Starting billguard-proxy from its command line: it refuses
 # to start, with one clear line and exit status 1, when a secret file is
 # missing, too open or too short, the upstream is plain http to another
 # host, or the database lacks the extension, its ledger (0.1.0) or the
@@ -9,15 +9,16 @@ use warnings;
 use File::Temp qw(tempdir);
 use PostgreSQL::Test::Utils;
 use Test::More;
+use SecretFile qw(write_secret_file);
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 use ProxyHarness;
 
-my $node = billguard_node('proxy_startup');
+my $node = BillguardNode->preloaded('proxy_startup');
 my $emulator = start_emulator();
 my $dir = tempdir(CLEANUP => 1);
-my $key = ProxyHarness::secret_file($dir, 'stripe.key', $StripeEmulatorHarness::DEFAULT_API_KEY);
-my $admin = ProxyHarness::secret_file($dir, 'admin.token', 'a' x 40);
+my $key = write_secret_file("$dir/stripe.key", $StripeEmulatorHarness::DEFAULT_API_KEY);
+my $admin = write_secret_file("$dir/admin.token", 'a' x 40);
 my %flags = ('--listen' => '127.0.0.1:0', '--database' => $node->connstr('postgres'),
 	'--upstream' => $emulator->url(''), '--upstream-key-file' => $key, '--admin-token-file' => $admin);
 sub refused {
@@ -33,7 +34,7 @@ is($status, 2, 'a flag without its value exits 2');
 like($stderr, qr/^billguard-proxy: --listen needs a value\nusage: billguard-proxy/, '... saying so, then the usage');
 
 # The issuer token is bounded by the operator, always.
-my $issuer = ProxyHarness::secret_file($dir, 'issuer.token', 'i' x 40);
+my $issuer = write_secret_file("$dir/issuer.token", 'i' x 40);
 for my $case (
 	[ 'an issuer token without a ceiling', { '--issuer-token-file' => $issuer },
 	  qr/--issuer-token-file needs --issuer-max-period-usd/ ],
@@ -59,27 +60,27 @@ for my $case (
 
 my @cases = (
 	[ 'a missing key file', { '--upstream-key-file' => "$dir/none" }, qr/cannot read --upstream-key-file \S+: No such file/ ],
-	[ 'a key file readable by others', { '--upstream-key-file' => ProxyHarness::secret_file($dir, 'open.key', 'sk_test_abcdefgh', 0644) },
+	[ 'a key file readable by others', { '--upstream-key-file' => write_secret_file("$dir/open.key", 'sk_test_abcdefgh', 0644) },
 	  qr/--upstream-key-file \S+ has group or world access \(mode 0644\)/ ],
-	[ 'a key file without a Stripe key', { '--upstream-key-file' => ProxyHarness::secret_file($dir, 'bad.key', 'hello') },
+	[ 'a key file without a Stripe key', { '--upstream-key-file' => write_secret_file("$dir/bad.key", 'hello') },
 	  qr/does not hold a Stripe key/ ],
 	[ 'an unreadable admin token file', { '--admin-token-file' => "$dir/none.token" }, qr/cannot read --admin-token-file/ ],
-	[ 'a group-readable token file', { '--admin-token-file' => ProxyHarness::secret_file($dir, 'g.token', 'b' x 40, 0640) },
+	[ 'a group-readable token file', { '--admin-token-file' => write_secret_file("$dir/g.token", 'b' x 40, 0640) },
 	  qr/--admin-token-file \S+ has group or world access \(mode 0640\)/ ],
-	[ 'a short token', { '--issuer-token-file' => ProxyHarness::secret_file($dir, 'short.token', 'abc'),
+	[ 'a short token', { '--issuer-token-file' => write_secret_file("$dir/short.token", 'abc'),
 		'--issuer-max-period-usd' => '100' },
 	  qr/--issuer-token-file \S+ holds fewer than 24 characters/ ],
 	[ 'plain http to another host', { '--upstream' => 'http://example.com' }, qr/--upstream http:\/\/example.com is refused. The URL must be an https:\/\// ],
 	[ 'an unreachable database', { '--database' => 'host=/nonexistent dbname=postgres' }, qr/cannot reach the --database/ ],
 );
-q1($node, 'CREATE DATABASE plain');
+$node->q1('CREATE DATABASE plain');
 push @cases, [ 'a database without the extension', { '--database' => $node->connstr('plain') },
 	qr/database plain lacks the billguard extension: CREATE EXTENSION billguard/ ];
-q1($node, 'CREATE DATABASE old');
+$node->q1('CREATE DATABASE old');
 $node->safe_psql('old', "CREATE EXTENSION billguard VERSION '0.1.0'");
 push @cases, [ 'a database at billguard 0.1.0', { '--database' => $node->connstr('old') },
 	qr/database old has billguard 0.1.0 without the spend-cap ledger: ALTER EXTENSION billguard UPDATE/ ];
-q1($node, 'CREATE ROLE nobody_proxy LOGIN');
+$node->q1('CREATE ROLE nobody_proxy LOGIN');
 push @cases, [ 'a role without the grants', { '--database' => $node->connstr('postgres') . ' user=nobody_proxy' },
 	qr/role nobody_proxy may not use schema billguard in database postgres/ ];
 for my $case (@cases) {
@@ -97,7 +98,7 @@ my ($proxy_grants) = slurp_file("$ENV{BILLGUARD_ROOT}/docs/privileges.md")
   =~ /^## The proxy's role\n.*?^```sql\n(.*?)^```\n/ms;
 like($proxy_grants // '', qr/\ACREATE ROLE billguard_proxy LOGIN;\n.*TO billguard_proxy;\n\z/s,
 	"docs/privileges.md holds the proxy's role and its grants");
-q1($node, $proxy_grants);
+$node->q1($proxy_grants);
 my $proxy = ProxyHarness->start(conninfo => $node->connstr('postgres') . ' user=billguard_proxy', upstream => $emulator);
 my $vault = $proxy->issue_key(billing_period => '2026-08', period_usd_cap => 1);
 is($proxy->charge($vault->{vault_key}, 'role-1', amount => 60)->{status}, 200, 'as billguard_proxy, a charge passes');
@@ -115,7 +116,7 @@ for my $sql ('UPDATE billguard.vault_budgets SET cap_cents = 999999',
 	my ($out, $err) = run_command([ 'psql', '-XAtq', '-d', $as_proxy, '-c', $sql ]);
 	like($err, qr/permission denied/, "billguard_proxy cannot: $sql");
 }
-is(q1($node, q{SELECT cap_cents FROM billguard.vault_budgets WHERE billing_period = '2026-08'}), '200',
+is($node->q1(q{SELECT cap_cents FROM billguard.vault_budgets WHERE billing_period = '2026-08'}), '200',
 	'the cap is what the admin set, nothing more');
 
 $proxy->stop;

@@ -1,5 +1,5 @@
-# The spend cap holds at any concurrency, and a retry is one charge (issue 8,
-# Concurrency). Against a real proxy, a real database and the emulator:
+# The spend cap holds at any concurrency, and a retry is one charge.
+# Against a real proxy, a real database and the emulator:
 #   - 1,000 requests of 50 cents (Stripe's USD minimum), each with its own
 #     Idempotency-Key, all in flight at once against a 50 USD cap: exactly
 #     100 are charged at the emulator, 900 get 429: spend_cap_pending (retry)
@@ -15,10 +15,10 @@ use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 use ProxyHarness;
 
-my $node = billguard_node('proxy_concurrency');
+my $node = BillguardNode->preloaded('proxy_concurrency');
 my $emulator = start_emulator();
 my $proxy = ProxyHarness->start(conninfo => $node->connstr('postgres'), upstream => $emulator);
 
@@ -50,7 +50,7 @@ is(scalar(grep { $_->{status} == 429 && ($_->{json}{error}{code} // '') eq 'spen
 is(scalar(@{ succeeded_charges($emulator) }), 100, 'the emulator holds exactly 100 charges');
 my $status = $proxy->key_status($key->{key_id});
 is("$status->{settled_cents}/$status->{reserved_cents}", '5000/0', 'settled = 5,000 cents, nothing reserved');
-is(q1($node, q{SELECT count(*) FROM billguard.vault_audit WHERE billing_period = '2026-08'
+is($node->q1(q{SELECT count(*) FROM billguard.vault_audit WHERE billing_period = '2026-08'
 	AND decision = 'refused' AND http_status = 429 AND amount_cents = 50 AND customer LIKE 'cus\_%'}),
 	900 + @pending_keys, 'each refusal is audited with its customer and amount');
 

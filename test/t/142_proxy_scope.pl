@@ -1,4 +1,4 @@
-# What a vault key may do, and what bad input gets (issue 8, Scope; the
+# What a vault key may do, and what bad input gets (the key's scope; the
 # proxy's bad-input rules). Against a real proxy, database and emulator:
 #   - a disallowed endpoint is 403 naming the allowed ones; a POST on an
 #     object (confirm, capture) the key's budget did not create 403; an expired key
@@ -27,10 +27,10 @@ use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 use ProxyHarness;
 
-my $node = billguard_node('proxy_scope');
+my $node = BillguardNode->preloaded('proxy_scope');
 my $emulator = start_emulator();
 my $proxy = ProxyHarness->start(conninfo => $node->connstr('postgres'), upstream => $emulator,
 	issuer_max_period_usd => '100');
@@ -54,7 +54,7 @@ is(error_of(remember($proxy->charge('vk_test_' . ('Z' x 32), 'scope-3'))), '401 
 is(error_of(remember($proxy->charge($StripeEmulatorHarness::DEFAULT_API_KEY, 'scope-4'))), '401 vault_key_required',
 	'the real Stripe key itself is 401');
 my $expiring = $proxy->issue_key(billing_period => '2026-08', period_usd_cap => 10);
-q1($node, "UPDATE billguard.vault_keys SET expires_at = now() WHERE key_id = '$expiring->{key_id}'");
+$node->q1("UPDATE billguard.vault_keys SET expires_at = now() WHERE key_id = '$expiring->{key_id}'");
 is(error_of(remember($proxy->charge($expiring->{vault_key}, 'scope-5'))), '401 vault_key_expired', 'an expired key is 401');
 my $live_proxy = ProxyHarness->start(conninfo => $node->connstr('postgres'), upstream => $emulator,
 	upstream_key => 'sk_live_billguardProxyScope0001');
@@ -91,7 +91,7 @@ my $raised = $proxy->request('POST', "/keys/$key->{key_id}", '{"period_usd_cap":
 	content_type => 'application/json');
 is($raised->{json}{cap_cents}, 1050, 'the admin raises the cap');
 is(remember($proxy->charge($key->{vault_key}, 'scope-over', amount => 50))->{status}, 200, '... and the next charge passes');
-is(q1($node, q{SELECT count(*) FROM billguard.vault_audit WHERE decision = 'cap_raised'}), '1', 'the raise is audited');
+is($node->q1(q{SELECT count(*) FROM billguard.vault_audit WHERE decision = 'cap_raised'}), '1', 'the raise is audited');
 
 is($proxy->request('GET', "/v1/payment_intents/search?query=customer%3A%27cus_proxy%27", undef,
 	vault_key => $key->{vault_key})->{status}, 200, 'a read of an allowed endpoint passes');
@@ -107,7 +107,7 @@ is($proxy->request('GET', "/keys/$key->{key_id}", undef, token => $proxy->issuer
 # ---- the issuer token: the dispatcher's key, within the operator's ceiling ---------------------------
 
 my $ledger_rows = sub {
-	q1($node, q{SELECT (SELECT count(*) FROM billguard.vault_budgets) || '/' || (SELECT count(*) FROM billguard.vault_keys)
+	$node->q1(q{SELECT (SELECT count(*) FROM billguard.vault_budgets) || '/' || (SELECT count(*) FROM billguard.vault_keys)
 		|| '/' || (SELECT count(*) FROM billguard.journal WHERE event_type = 'VaultKeyIssued')});
 };
 my $rows_before = $ledger_rows->();
@@ -147,7 +147,7 @@ like($metrics_now, qr/billguard_proxy_requests_total\{decision="keys",status="40
 is($forwarded->(), $forwarded_before, 'nothing reached the emulator');
 
 # What the dispatcher asks (vault_key_request, both charge endpoints) passes, up to the ceiling.
-my $dispatcher_body = q1($node, q{SELECT (body || jsonb_build_object('allowed_endpoints',
+my $dispatcher_body = $node->q1(q{SELECT (body || jsonb_build_object('allowed_endpoints',
 	'["/v1/charges", "/v1/charges/search", "/v1/payment_intents", "/v1/payment_intents/search"]'::jsonb))::text
 	FROM billguard.vault_key_request('2026-11', '/v1/payment_intents', 1.1)});
 my $dispatcher_key = remember($proxy->request('POST', '/keys', $dispatcher_body, token => $proxy->issuer_token,
@@ -248,7 +248,7 @@ my $everything = join("\n", $metrics->{content}, $proxy->log_text,
 	map { join("\n", $_->{content} // '', %{ $_->{headers} // {} }) } @answers);
 is(scalar(grep { index($everything, $_) >= 0 } @secrets), 0,
 	'neither the real key nor a token is in any answer, the metrics or the proxy\'s log');
-is(q1($node, "SELECT count(*) FROM billguard.vault_audit a WHERE row_to_json(a)::text ~ 'sk_test_|vk_test_|admin-|issuer-'"), '0',
+is($node->q1("SELECT count(*) FROM billguard.vault_audit a WHERE row_to_json(a)::text ~ 'sk_test_|vk_test_|admin-|issuer-'"), '0',
 	'nor in the audit trail');
 
 $proxy->stop;

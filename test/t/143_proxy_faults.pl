@@ -1,4 +1,5 @@
-# Faults around the proxy (issue 8, Faults): real crashes, a real database
+# Faults around the proxy must neither lose a reservation nor charge twice:
+# real crashes, a real database
 # restart, a real hang.
 #   - kill -9 of the proxy while a charge is at Stripe: its reservation
 #     survives the crash; restarted, a retry with the same Idempotency-Key
@@ -13,10 +14,10 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(sleep);
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 use ProxyHarness;
 
-my $node = billguard_node('proxy_faults');
+my $node = BillguardNode->preloaded('proxy_faults');
 my $emulator = start_emulator();
 my $proxy = ProxyHarness->start(conninfo => $node->connstr('postgres'), upstream => $emulator,
 	args => [ '--upstream-timeout', '2' ]);
@@ -32,8 +33,8 @@ my $body = ProxyHarness::charge_body(amount => 2500);
 syswrite($socket, "POST /v1/payment_intents HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer $key->{vault_key}\r\n"
 	. "Idempotency-Key: crash-1\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: "
 	. length($body) . "\r\n\r\n$body");
-ok(wait_for('the reservation of crash-1', 10, sub {
-	q1($node, q{SELECT count(*) FROM billguard.vault_reservations WHERE idempotency_key = 'crash-1'}) eq '1' }),
+ok(wait_until('the reservation of crash-1', 10, sub {
+	$node->q1(q{SELECT count(*) FROM billguard.vault_reservations WHERE idempotency_key = 'crash-1'}) eq '1' }),
 	'the charge is reserved and at Stripe');
 $proxy->stop('KILL');
 close $socket;
@@ -57,7 +58,7 @@ is(join(' ', map { "$_->{status} " . ($_->{json}{error}{code} // '') } @down),
 is($proxy->request('GET', '/healthz', undef)->{status}, 503, '... and /healthz says 503');
 is($emulator->stats->{requests}, $requests, '... and nothing is forwarded (fail closed)');
 $node->start;
-ok(wait_for('a charge to pass after the restart', 30, sub {
+ok(wait_until('a charge to pass after the restart', 30, sub {
 	$proxy->charge($key->{vault_key}, 'db-back', amount => 100)->{status} == 200 }),
 	'once the database is back, charges pass');
 is($proxy->pid, $pid, '... served by the same proxy process, which reconnected by itself');
@@ -71,7 +72,7 @@ my $hung = $proxy->charge($key->{vault_key}, 'hang-1', amount => 400);
 is("$hung->{status} $hung->{json}{error}{type} " . ($hung->{headers}{'stripe-should-retry'} // ''), '502 api_error true',
 	'a hanging Stripe gets the proxy\'s timeout: 502, retry');
 is(budget(), '2600/400', 'nothing is settled as a success; the amount stays reserved');
-is(q1($node, q{SELECT decision || ' ' || http_status FROM billguard.vault_audit WHERE idempotency_key = 'hang-1' ORDER BY occurred_at DESC LIMIT 1}),
+is($node->q1(q{SELECT decision || ' ' || http_status FROM billguard.vault_audit WHERE idempotency_key = 'hang-1' ORDER BY occurred_at DESC LIMIT 1}),
 	'unknown 0', 'the audit trail says the outcome is unknown, no answer');
 is($proxy->charge($key->{vault_key}, 'hang-1', amount => 400)->{status}, 200, 'a retry with the same key is charged');
 is(budget(), '3000/0', '... and settles the reservation once');

@@ -1,5 +1,5 @@
-# The backstop when the guards in front of it fail (issue 8, Restored backup
-# and Guards bypassed, at the HTTP level; the dispatcher-driven versions come
+# The backstop when the guards in front of it fail (a restored backup, and
+# the guards bypassed, at the HTTP level; the dispatcher-driven versions come
 # with the dispatcher's integration). 100 accounts of 2026-08 are charged
 # through the proxy, each with its billguard key, under a cap of the
 # period's total x 1.10. Then:
@@ -19,14 +19,14 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(sleep);
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 use ProxyHarness;
 
-my $node = billguard_node('proxy_backstop');
+my $node = BillguardNode->preloaded('proxy_backstop');
 my $emulator = start_emulator();
 my $proxy = ProxyHarness->start(conninfo => $node->connstr('postgres'), upstream => $emulator);
-add_accounts($node, 100);
-my @accounts = map { [ split /\|/ ] } split /\n/, q1($node, q{
+$node->add_accounts(100);
+my @accounts = map { [ split /\|/ ] } split /\n/, $node->q1(q{
 	SELECT customer_id || '|' || stripe_customer || '|' || amount_cents FROM billguard.accounts ORDER BY 1});
 my $total = 0;
 $total += $_->[2] for @accounts;
@@ -39,7 +39,7 @@ sub bill_through {
 	my ($vault_key, $namespace) = @_;
 	return map {
 		my ($customer, $stripe_customer, $amount) = @$_;
-		my $idem = q1($node, "SELECT billguard.idempotency_key('$customer', '2026-08', '$namespace')");
+		my $idem = $node->q1("SELECT billguard.idempotency_key('$customer', '2026-08', '$namespace')");
 		[ $customer, $amount, $proxy->charge($vault_key, $idem, amount => $amount, customer => $stripe_customer,
 			'metadata[billguard_key]' => $idem) ]
 	} @accounts;
@@ -71,7 +71,7 @@ my @refused = grep { $_->[2]{status} == 429 } @bypass;
 is(scalar(@passed), $expected_passes, "with every key new, only $expected_passes charges pass: those the cap has room for");
 is(scalar(@refused), 100 - $expected_passes, 'every other one is refused with 429');
 cmp_ok($expected_passes, '<=', 10, 'at most 10 more charges pass (the 10% headroom)');
-my $audited = q1($node, qq{
+my $audited = $node->q1(qq{
 	SELECT count(*) FROM billguard.vault_audit
 	 WHERE decision = 'refused' AND http_status = 429 AND billing_period = '2026-08'
 	   AND key_id = '$reissued->{key_id}' AND customer LIKE 'cus\\_%' AND amount_cents > 0});
@@ -87,16 +87,16 @@ is($status->{settled_cents}, $charged, 'the budget\'s settled sum is the emulato
 my $dump = $node->basedir . '/ledger.dump';
 my ($out, $err) = run_command([ 'pg_dump', '-Fc', '-f', $dump, '-d', $node->connstr('postgres') ]);
 is($err, '', 'pg_dump -Fc reports nothing');
-q1($node, 'CREATE DATABASE restored');
+$node->q1('CREATE DATABASE restored');
 ($out, $err) = run_command([ 'pg_restore', '-d', $node->connstr('restored'), $dump ]);
 is($err, '', 'pg_restore reports nothing');
 for my $table (qw(vault_budgets vault_keys vault_reservations vault_audit)) {
 	my $rows = "SELECT count(*) || ' ' || md5(coalesce(string_agg(t::text, ',' ORDER BY t::text), '')) FROM billguard.$table t";
-	is($node->safe_psql('restored', $rows), q1($node, $rows), "every row of billguard.$table arrived");
+	is($node->safe_psql('restored', $rows), $node->q1($rows), "every row of billguard.$table arrived");
 }
 my $restored = ProxyHarness->start(conninfo => $node->connstr('restored'), upstream => $emulator);
 my ($customer, $stripe_customer, $amount) = @{ $accounts[0] };
-my $idem = q1($node, "SELECT billguard.idempotency_key('$customer', '2026-08', 'akka-billing')");
+my $idem = $node->q1("SELECT billguard.idempotency_key('$customer', '2026-08', 'akka-billing')");
 my $repeat = $restored->charge($reissued->{vault_key}, $idem, amount => $amount, customer => $stripe_customer,
 	'metadata[billguard_key]' => $idem);
 is("$repeat->{status} $repeat->{json}{id}", "200 $billed[0][2]{json}{id}",

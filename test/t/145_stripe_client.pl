@@ -1,4 +1,4 @@
-# A real Stripe client (issue 8): the official `stripe` package from npm
+# A real Stripe client talks to the proxy as to Stripe: the official `stripe` package from npm
 # (test/stripe-client, installed by `make test` with npm ci), pointed at the
 # proxy's host and port with a vault key, creates PaymentIntents, and
 # surfaces the proxy's 429 refusal as a Stripe error with its code and
@@ -10,12 +10,13 @@ use JSON::PP;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use BillguardTest;
+use BillguardNode;
 use ProxyHarness;
 
 my $client = "$ENV{BILLGUARD_ROOT}/test/stripe-client";
 -d "$client/node_modules/stripe" or BAIL_OUT("the stripe package is not installed: npm ci in $client");
 
-my $node = billguard_node('stripe_client');
+my $node = BillguardNode->preloaded('stripe_client');
 my $emulator = start_emulator();
 my $proxy = ProxyHarness->start(conninfo => $node->connstr('postgres'), upstream => $emulator);
 my $key = $proxy->issue_key(billing_period => '2026-08', period_usd_cap => 1.5);

@@ -1,4 +1,4 @@
-# Billing through the proxy (issue 8): the dispatcher, with
+# Billing through the proxy: the dispatcher, with
 # billguard.vault_issuer_token_file set and billguard.api_base pointing at a
 # real billguard-proxy (whose ledger shares the billing database, as tests
 # may), bills a period with the period's vault key:
@@ -20,142 +20,137 @@ use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use SecretFile qw(write_secret_file);
 use Time::HiRes qw(sleep);
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 use ProxyHarness;
 
 my $emulator = start_emulator();
-my $node = billguard_node('billing_through_proxy',
-	"billguard.database = 'postgres'",
-	"billguard.max_requests_per_second = 2000",
-	"billguard.max_inflight = 32",
-	"billguard.poll_interval = '200ms'",
-	"billguard.request_timeout = '5s'");
+my $node = BillguardNode->preloaded('billing_through_proxy', BillguardNode::dispatcher_conf());
 # A ceiling below the period's cap (222.31 USD below), raised further down.
 my $proxy = ProxyHarness->start(conninfo => $node->connstr('postgres'), upstream => $emulator,
 	issuer_max_period_usd => '200');
 
 # The issuer token, group-readable at first.
-my $token_file = ProxyHarness::secret_file($node->basedir, 'issuer.token', $proxy->issuer_token, 0640);
-reload_with($node, api_base => $proxy->url(''), vault_issuer_token_file => $token_file);
-ok(wait_for('the dispatcher to pause', 20, sub {
-	q1($node, 'SELECT pause_reason FROM billguard.dispatch_status') =~ /vault_issuer_token_file/ }),
+my $token_file = write_secret_file($node->basedir . '/issuer.token', $proxy->issuer_token, 0640);
+$node->reload_with(api_base => $proxy->url(''), vault_issuer_token_file => $token_file);
+ok(wait_until('the dispatcher to pause', 20, sub {
+	$node->q1('SELECT pause_reason FROM billguard.dispatch_status') =~ /vault_issuer_token_file/ }),
 	'an issuer token file with group access: the dispatcher is paused');
-my $reason = q1($node, 'SELECT pause_reason FROM billguard.dispatch_status');
+my $reason = $node->q1('SELECT pause_reason FROM billguard.dispatch_status');
 like($reason, qr/billguard\.vault_issuer_token_file has group or world access \(mode 0640\)/,
 	'dispatch_status says why');
 unlike($reason, qr/\Q${\ $proxy->issuer_token }\E|\Q$token_file\E/, 'without the token or its path');
 
-q1($node, q{
+$node->q1(q{
 	INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method)
 	SELECT 'cust_' || lpad(g::text, 6, '0'), 'cus_' || lpad(g::text, 6, '0'), 1000 + g, 'usd', 'pm_card_visa'
 	  FROM generate_series(1, 20) g});
-my $total = q1($node, 'SELECT sum(amount_cents) FROM billguard.accounts');
-is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-08')"), '20', '2026-08 claimed while paused');
+my $total = $node->q1('SELECT sum(amount_cents) FROM billguard.accounts');
+is($node->q1("SELECT initiated FROM billguard.bill_period('2026-08')"), '20', '2026-08 claimed while paused');
 sleep 1;
 is($emulator->stats->{requests} // 0, 0, 'nothing was sent while paused');
 
 # A token the proxy does not know: POST /keys is refused (401), the
 # dispatcher pauses with the proxy's reason, sends no charge.
-ProxyHarness::secret_file($node->basedir, 'issuer.token', 'issuer-' . ('x' x 32));
+write_secret_file($node->basedir . '/issuer.token', 'issuer-' . ('x' x 32));
 $node->reload;
-ok(wait_for('the dispatcher to pause on the refused token', 20, sub {
-	q1($node, 'SELECT pause_reason FROM billguard.dispatch_status') =~ /HTTP 401/ }),
+ok(wait_until('the dispatcher to pause on the refused token', 20, sub {
+	$node->q1('SELECT pause_reason FROM billguard.dispatch_status') =~ /HTTP 401/ }),
 	'a token the proxy refuses: paused');
-like(q1($node, 'SELECT pause_reason FROM billguard.dispatch_status'),
+like($node->q1('SELECT pause_reason FROM billguard.dispatch_status'),
 	qr/^the proxy issued no vault key for 2026-08 \(HTTP 401: POST \/keys needs the issuer or the admin token\)/,
 	"... with the proxy's reason");
 is($emulator->stats->{requests} // 0, 0, '... and nothing sent');
 
 # The right token, but the period's cap is past the issuer's ceiling: 403,
 # the dispatcher pauses with the proxy's reason, nothing is created or sent.
-ProxyHarness::secret_file($node->basedir, 'issuer.token', $proxy->issuer_token);
+write_secret_file($node->basedir . '/issuer.token', $proxy->issuer_token);
 $node->reload;
-ok(wait_for('the dispatcher to pause on the ceiling', 20, sub {
-	q1($node, 'SELECT pause_reason FROM billguard.dispatch_status') =~ /HTTP 403/ }),
+ok(wait_until('the dispatcher to pause on the ceiling', 20, sub {
+	$node->q1('SELECT pause_reason FROM billguard.dispatch_status') =~ /HTTP 403/ }),
 	'a period cap past --issuer-max-period-usd: paused');
-like(q1($node, 'SELECT pause_reason FROM billguard.dispatch_status'),
+like($node->q1('SELECT pause_reason FROM billguard.dispatch_status'),
 	qr/^the proxy issued no vault key for 2026-08 \(HTTP 403: the issuer token may create a budget of at most 200\.00 USD \(--issuer-max-period-usd\), not 222\.31 USD for billing_period 2026-08\)/,
 	"... with the proxy's reason, naming the ceiling and the cap asked");
 like(slurp_file($node->logfile), qr/paused: the proxy issued no vault key for 2026-08 \(HTTP 403: /, '... in the server log too');
-is(q1($node, 'SELECT count(*) FROM billguard.vault_budgets'), '0', '... and no budget was created');
+is($node->q1('SELECT count(*) FROM billguard.vault_budgets'), '0', '... and no budget was created');
 is($emulator->stats->{requests} // 0, 0, '... nor anything sent');
 
 $proxy->stop;
 $proxy->{issuer_max_period_usd} = '1000';
 $proxy->restart;
 $node->reload;
-ok(wait_until_settled($node, '2026-08'), 'with a higher ceiling and a reload, the period is billed');
-is(q1($node, "SELECT string_agg(status || '=' || n, ',') FROM (SELECT status, count(*) n FROM billguard.billing_records WHERE billing_period = '2026-08' GROUP BY 1) s"),
+ok($node->wait_until_settled('2026-08'), 'with a higher ceiling and a reload, the period is billed');
+is($node->q1("SELECT string_agg(status || '=' || n, ',') FROM (SELECT status, count(*) n FROM billguard.billing_records WHERE billing_period = '2026-08' GROUP BY 1) s"),
 	'completed=20', 'every record completed');
 my $by_key = charges_by_key($emulator);
-is(scalar(grep { @{ $by_key->{ key_of($node, "cust_$_", '2026-08') } // [] } == 1 } map { sprintf '%06d', $_ } 1 .. 20), 20,
+is(scalar(grep { @{ $by_key->{ $node->key_of("cust_$_", '2026-08') } // [] } == 1 } map { sprintf '%06d', $_ } 1 .. 20), 20,
 	'one charge per key at the emulator');
 
 # One key for the period, at the period's total x 1.10, exactly.
-my $cap_cents = q1($node, "SELECT ceil($total * 1.10)");
-is(q1($node, q{SELECT count(*) FROM billguard.journal WHERE persistence_id = 'billing-scheduler'
+my $cap_cents = $node->q1("SELECT ceil($total * 1.10)");
+is($node->q1(q{SELECT count(*) FROM billguard.journal WHERE persistence_id = 'billing-scheduler'
                  AND event_type = 'VaultKeyIssued' AND event ->> 'billing_period' = '2026-08'}), '1',
 	'one VaultKeyIssued for the period');
-is(q1($node, "SELECT event ->> 'cap_usd' FROM billguard.journal WHERE event_type = 'VaultKeyIssued'"),
+is($node->q1("SELECT event ->> 'cap_usd' FROM billguard.journal WHERE event_type = 'VaultKeyIssued'"),
 	sprintf('%.2f', $cap_cents / 100), "its cap is the period's total ($total cents) x 1.10");
-my ($key_id, $vault_key) = split /\|/, q1($node,
-	"SELECT key_id || '|' || vault_key FROM billguard.vault_credentials WHERE billing_period = '2026-08'");
+my ($key_id, $vault_key) = split /\|/, $node->q1("SELECT key_id || '|' || vault_key FROM billguard.vault_credentials WHERE billing_period = '2026-08'");
 like($vault_key, qr/^vk_test_[A-Za-z0-9]{32}$/, 'the vault key is kept for the period');
-is(q1($node, qq{SELECT count(*) FILTER (WHERE key_id = '$key_id') || '/' || count(*) FROM billguard.vault_audit
+is($node->q1(qq{SELECT count(*) FILTER (WHERE key_id = '$key_id') || '/' || count(*) FROM billguard.vault_audit
                  WHERE decision IN ('reserved', 'forwarded', 'replayed', 'refused')}), '20/20',
 	'every request of the period was sent with that key');
-is(q1($node, qq{SELECT allowed_endpoints::text FROM billguard.vault_keys WHERE key_id = '$key_id'}),
+is($node->q1(qq{SELECT allowed_endpoints::text FROM billguard.vault_keys WHERE key_id = '$key_id'}),
 	'{/v1/payment_intents,/v1/payment_intents/search}', 'scoped to the charge endpoint and its search');
 
 # Records claimed later in the period: the kept key, no second one.
-q1($node, q{
+$node->q1(q{
 	INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method)
 	VALUES ('cust_late', 'cus_late', 1000, 'usd', 'pm_card_visa')});
-is(bill($node, 'cust_late', '2026-08'), 'initiated', 'a record claimed after the key was issued');
-ok(wait_until_settled($node, '2026-08'), '... is billed');
-is(status_of($node, 'cust_late', '2026-08'), 'completed', '... completed');
-is(q1($node, "SELECT count(*) FROM billguard.vault_audit WHERE decision = 'issued'"), '1',
+is($node->bill('cust_late', '2026-08'), 'initiated', 'a record claimed after the key was issued');
+ok($node->wait_until_settled('2026-08'), '... is billed');
+is($node->status_of('cust_late', '2026-08'), 'completed', '... completed');
+is($node->q1("SELECT count(*) FROM billguard.vault_audit WHERE decision = 'issued'"), '1',
 	'... with the kept key: still one key issued');
 
 # The kept key expires (the ledger says so: a period billed long after its
 # end): the next record of the period meets 401 vault_key_expired, and the
 # dispatcher obtains a new key, which names the period's new total, gets the
 # proxy's 409 and joins the budget at its cap. The attempt does not count.
-q1($node, qq{UPDATE billguard.vault_keys SET expires_at = now() - interval '1 second' WHERE key_id = '$key_id'});
-q1($node, q{
+$node->q1(qq{UPDATE billguard.vault_keys SET expires_at = now() - interval '1 second' WHERE key_id = '$key_id'});
+$node->q1(q{
 	INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method)
 	VALUES ('cust_expired', 'cus_expired', 1000, 'usd', 'pm_card_visa')});
-is(bill($node, 'cust_expired', '2026-08'), 'initiated', 'a record of the period once its key has expired');
-ok(wait_until_settled($node, '2026-08'), '... is billed');
-is(record_of($node, 'cust_expired', '2026-08') =~ s/\|[^|]*\|/|/r, 'completed|1',
+is($node->bill('cust_expired', '2026-08'), 'initiated', 'a record of the period once its key has expired');
+ok($node->wait_until_settled('2026-08'), '... is billed');
+is($node->record_of('cust_expired', '2026-08') =~ s/\|[^|]*\|/|/r, 'completed|1',
 	'... completed, the attempt that met the expired key not counted');
-my $renewed = q1($node, "SELECT key_id FROM billguard.vault_credentials WHERE billing_period = '2026-08'");
+my $renewed = $node->q1("SELECT key_id FROM billguard.vault_credentials WHERE billing_period = '2026-08'");
 isnt($renewed, $key_id, '... with a new key for the period');
-is(q1($node, qq{SELECT count(*) || ' ' || count(DISTINCT (vendor, billing_period, currency))
+is($node->q1(qq{SELECT count(*) || ' ' || count(DISTINCT (vendor, billing_period, currency))
                   FROM billguard.vault_keys WHERE billing_period = '2026-08'}), '2 1',
 	'... which joined the period\'s one budget');
-is(q1($node, "SELECT cap_cents FROM billguard.vault_budgets WHERE billing_period = '2026-08'"), $cap_cents,
+is($node->q1("SELECT cap_cents FROM billguard.vault_budgets WHERE billing_period = '2026-08'"), $cap_cents,
 	'... at its cap');
 
 # Another period, its own key. The proxy's budgets are in USD: a record in
 # another currency is refused (403 currency_not_allowed) and ends blocked.
-q1($node, q{
+$node->q1(q{
 	INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method)
 	VALUES ('cust_eur', 'cus_eur', 1000, 'eur', 'pm_card_visa')});
-is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-09')"), '23', '2026-09 claimed');
-ok(wait_until_settled($node, '2026-09'), '2026-09 billed');
-is(q1($node, q{SELECT status || ' ' || (next_attempt_at IS NULL) || ' ' || split_part(last_error, ':', 1)
+is($node->q1("SELECT initiated FROM billguard.bill_period('2026-09')"), '23', '2026-09 claimed');
+ok($node->wait_until_settled('2026-09'), '2026-09 billed');
+is($node->q1(q{SELECT status || ' ' || (next_attempt_at IS NULL) || ' ' || split_part(last_error, ':', 1)
                  FROM billguard.billing_records WHERE customer_id = 'cust_eur' AND billing_period = '2026-09'}),
 	'blocked true 403 invalid_request_error/currency_not_allowed', 'a record in EUR ends blocked, out of the queue');
-is(q1($node, q{SELECT count(*) FROM billguard.billing_records WHERE billing_period = '2026-09' AND status = 'completed'}), '22',
+is($node->q1(q{SELECT count(*) FROM billguard.billing_records WHERE billing_period = '2026-09' AND status = 'completed'}), '22',
 	'... the USD records completed');
-is(q1($node, q{SELECT string_agg(event ->> 'billing_period', ',' ORDER BY seq_nr) FROM billguard.journal
+is($node->q1(q{SELECT string_agg(event ->> 'billing_period', ',' ORDER BY seq_nr) FROM billguard.journal
                  WHERE event_type = 'VaultKeyIssued'}), '2026-08,2026-08,2026-09', 'one key per period (and the renewed one)');
 
 # Only superusers read the keys.
-q1($node, 'CREATE ROLE billing_app_146 LOGIN; GRANT USAGE ON SCHEMA billguard TO billing_app_146');
+$node->q1('CREATE ROLE billing_app_146 LOGIN; GRANT USAGE ON SCHEMA billguard TO billing_app_146');
 my ($rc, $out, $err) = $node->psql('postgres', 'SELECT vault_key FROM billguard.vault_credentials',
 	extra_params => [ '-U', 'billing_app_146' ]);
 like($err, qr/permission denied for table vault_credentials/, 'another role may not read the vault keys');

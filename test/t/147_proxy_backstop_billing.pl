@@ -1,5 +1,5 @@
-# The backstop with the dispatcher doing the billing (issue 8, Restored
-# backup and Guards bypassed): a real billguard-proxy (its ledger in
+# The backstop with the dispatcher doing the billing (a restored backup, and
+# the guards in front of the proxy bypassed): a real billguard-proxy (its ledger in
 # database postgres), the emulator upstream, and a dispatcher in each
 # billing database (billguard.database unset) billing through the proxy
 # with billguard.vault_issuer_token_file.
@@ -27,34 +27,31 @@ use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use SecretFile qw(write_secret_file);
 use Time::HiRes qw(sleep time);
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 use ProxyHarness;
 
 my $emulator = start_emulator();
-my $node = billguard_node('proxy_backstop_billing',
+my $node = BillguardNode->preloaded('proxy_backstop_billing',
 	"billguard.max_requests_per_second = 2000",
 	"billguard.max_inflight = 32",
 	"billguard.poll_interval = '200ms'",
 	"billguard.request_timeout = '5s'");
 my $proxy = ProxyHarness->start(conninfo => $node->connstr('postgres'), upstream => $emulator);
-my $token_file = ProxyHarness::secret_file($node->basedir, 'issuer.token', $proxy->issuer_token);
-reload_with($node, api_base => $proxy->url(''), vault_issuer_token_file => $token_file);
+my $token_file = write_secret_file($node->basedir . '/issuer.token', $proxy->issuer_token);
+$node->reload_with(api_base => $proxy->url(''), vault_issuer_token_file => $token_file);
 
 sub in_db { my ($db, $sql) = @_; return $node->safe_psql($db, $sql) }
 
 # Waits until no record of 2026-08 in $db is open.
 sub settled_in {
 	my ($db) = @_;
-	my $deadline = time + 180;
-	while (time < $deadline) {
-		return 1 if in_db($db, q{SELECT count(*) FROM billguard.billing_records WHERE billing_period = '2026-08'
-		                          AND status IN ('pending', 'dispatching', 'unknown')}) eq '0';
-		sleep 0.2;
-	}
-	diag("$db: " . statuses($db));
-	return 0;
+	return wait_until("2026-08 settled in $db", 180, sub {
+		in_db($db, q{SELECT count(*) FROM billguard.billing_records WHERE billing_period = '2026-08'
+		             AND status IN ('pending', 'dispatching', 'unknown')}) eq '0';
+	}, interval => 0.2, explain => sub { "$db: " . statuses($db) });
 }
 
 sub statuses {

@@ -1,5 +1,5 @@
 # The spend-cap ledger's decisions racing each other in real concurrent
-# sessions (issue 8): an Idempotency-Key's decisions are serialised by its
+# sessions, so no interleaving spends past a cap: an Idempotency-Key's decisions are serialised by its
 # own lock and the budget's row is locked last, so these interleavings must
 # still leave exact sums:
 #   new key      30 sessions authorize one new Idempotency-Key at once: one
@@ -27,12 +27,12 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use IPC::Run;
 use BillguardTest;
+use BillguardNode;
 
-my $node = billguard_node('ledger_races');
-sub q1 { my ($sql) = @_; return scalar $node->safe_psql('postgres', $sql) }
+my $node = BillguardNode->preloaded('ledger_races');
 
 # One budget per scenario; auth() and settle() call the ledger with its key.
-q1(q{
+$node->q1(q{
 CREATE TABLE race_keys AS SELECT 'x'::text AS period, ''::text AS key_id WITH NO DATA;
 -- A session remembers the attempt its last auth() of a key made, as the
 -- proxy's request does, and settle() answers that attempt (or, in a session
@@ -59,13 +59,13 @@ $$;
 });
 sub new_budget {
 	my ($period, $cap_usd) = @_;
-	q1(qq{INSERT INTO race_keys SELECT '$period', key_id FROM billguard.issue_vault_key(
+	$node->q1(qq{INSERT INTO race_keys SELECT '$period', key_id FROM billguard.issue_vault_key(
 	        'stripe', '$period', $cap_usd, ARRAY['/v1/payment_intents'], now() + interval '400 days', false)});
 }
 # "settled/reserved" of the budget, and the same sums over its reservations.
 sub sums {
 	my ($period) = @_;
-	return q1(qq{SELECT settled_cents || '/' || reserved_cents FROM billguard.vault_spend WHERE billing_period = '$period'});
+	return $node->q1(qq{SELECT settled_cents || '/' || reserved_cents FROM billguard.vault_spend WHERE billing_period = '$period'});
 }
 # The budget's committed sum must be the sum of its reservations not
 # released, and never more than its cap.
@@ -83,13 +83,13 @@ sub committed_is_counted {
 }
 sub reservation_sums {
 	my ($period) = @_;
-	return q1(qq{SELECT coalesce(sum(amount_cents) FILTER (WHERE status = 'settled'), 0) || '/'
+	return $node->q1(qq{SELECT coalesce(sum(amount_cents) FILTER (WHERE status = 'settled'), 0) || '/'
 	                 || coalesce(sum(amount_cents) FILTER (WHERE status = 'reserved'), 0)
 	               FROM billguard.vault_reservations WHERE billing_period = '$period'});
 }
 sub decisions {
 	my ($period) = @_;
-	return q1(qq{SELECT string_agg(d, ' ' ORDER BY d) FROM (
+	return $node->q1(qq{SELECT string_agg(d, ' ' ORDER BY d) FROM (
 	               SELECT decision || coalesce(':' || http_status, '') || '=' || count(*) AS d
 	                 FROM billguard.vault_audit WHERE billing_period = '$period' AND decision <> 'issued'
 	                GROUP BY decision, http_status) x});
@@ -98,9 +98,9 @@ sub decisions {
 # returns every line they printed.
 sub race {
 	my ($label, @sessions) = @_;
-	my $gate = start_gate($node);
-	my @racers = map { race_psql($node, @$_) } @sessions;
-	release_gate($node, $gate, scalar @racers);
+	my $gate = $node->start_gate;
+	my @racers = map { $node->race_psql(@$_) } @sessions;
+	$node->release_gate($gate, scalar @racers);
 	finish_race(@racers);
 	is(scalar(grep { $_->{exit} != 0 } @racers), 0, "$label: every session ran without an error")
 	  or diag(join("\n", map { $_->{err} } grep { $_->{exit} != 0 } @racers));
@@ -123,10 +123,10 @@ new_budget('2050-02', 1000);
 my @flip = map { my $k = "flip-$_"; (qq{SELECT auth('2050-02', '$k', 100)}, qq{SELECT settle('2050-02', '$k', 402)},
 	qq{SELECT auth('2050-02', '$k', 100)}, qq{SELECT settle('2050-02', '$k', 200)}) } 1 .. 5;
 race('flip', map { [ @flip ] } 1 .. 30);
-is(q1(q{SELECT string_agg(status, ' ' ORDER BY idempotency_key) FROM billguard.vault_reservations WHERE billing_period = '2050-02'}),
+is($node->q1(q{SELECT string_agg(status, ' ' ORDER BY idempotency_key) FROM billguard.vault_reservations WHERE billing_period = '2050-02'}),
 	'settled settled settled settled settled', 'flip: every key ends settled');
 is(sums('2050-02'), '500/0', 'flip: each key counted once: settled 500 cents, nothing reserved');
-is(q1(q{SELECT count(*) FROM billguard.vault_audit WHERE billing_period = '2050-02' AND decision <> 'issued'}),
+is($node->q1(q{SELECT count(*) FROM billguard.vault_audit WHERE billing_period = '2050-02' AND decision <> 'issued'}),
 	30 * 20, 'flip: one audit row per decision');
 
 # ---- 200 distinct charges against a cap of 100 --------------------------------
@@ -149,7 +149,7 @@ my @mixed = map {
 } 1 .. 30;
 my @out = race('mixed', @mixed);
 is(sums('2050-04'), reservation_sums('2050-04'), 'mixed: the budget\'s sums are the sums of its reservations');
-is(q1(q{SELECT count(*) FROM billguard.vault_audit WHERE billing_period = '2050-04' AND decision <> 'issued'}),
+is($node->q1(q{SELECT count(*) FROM billguard.vault_audit WHERE billing_period = '2050-04' AND decision <> 'issued'}),
 	scalar(@out), 'mixed: one audit row per decision made');
 
 # ---- random decisions on 40 keys against a cap they exceed ---------------------
@@ -165,7 +165,7 @@ my @tight = map {
 } 1 .. 30;
 @out = race('tight', @tight);
 like(tally(@out), qr/refused:429=\d+/, 'tight: the cap refused some reservations');
-is(q1(q{SELECT count(*) FROM billguard.vault_audit WHERE billing_period = '2050-05' AND decision <> 'issued'}),
+is($node->q1(q{SELECT count(*) FROM billguard.vault_audit WHERE billing_period = '2050-05' AND decision <> 'issued'}),
 	scalar(@out), 'tight: one audit row per decision made');
 
 for my $period ('2050-01', '2050-02', '2050-03', '2050-04', '2050-05') {
@@ -175,10 +175,10 @@ for my $period ('2050-01', '2050-02', '2050-03', '2050-04', '2050-05') {
 
 # ---- a success settles while another session holds the budget's row lock --------
 new_budget('2050-06', 10);
-is(join(' ', map { q1(qq{SELECT auth('2050-06', '$_', 300)}) } qw(lock-ok lock-refused)), 'reserved reserved',
+is(join(' ', map { $node->q1(qq{SELECT auth('2050-06', '$_', 300)}) } qw(lock-ok lock-refused)), 'reserved reserved',
 	'lock: two reservations');
 my $row_version = q{SELECT xmin || ' ' || ctid FROM billguard.vault_budgets WHERE billing_period = '2050-06'};
-my $before = q1($row_version);
+my $before = $node->q1($row_version);
 my $holder = IPC::Run::start(
 	[ 'psql', '-XAtq', '-d', $node->connstr('postgres'), '-c', "SET application_name = 'budget_holder'",
 	  '-c', q{BEGIN; SELECT FROM billguard.vault_budgets WHERE billing_period = '2050-06' FOR UPDATE; SELECT pg_sleep(600)} ],
@@ -199,8 +199,8 @@ is(settle_beside_holder('lock-refused', 402, '200ms'), 'canceling statement due 
 	'lock: a release, which lowers the committed sum, waits for that lock');
 $node->safe_psql('postgres', q{SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'budget_holder'});
 $holder->finish;
-is(q1($row_version), $before, 'lock: the success did not update the budget\'s row');
-is(q1(q{SELECT string_agg(status, ' ' ORDER BY idempotency_key) FROM billguard.vault_reservations WHERE billing_period = '2050-06'}),
+is($node->q1($row_version), $before, 'lock: the success did not update the budget\'s row');
+is($node->q1(q{SELECT string_agg(status, ' ' ORDER BY idempotency_key) FROM billguard.vault_reservations WHERE billing_period = '2050-06'}),
 	'settled reserved', 'lock: the success is settled, the timed-out release changed nothing');
 is(sums('2050-06'), '300/300', 'lock: the budget shows 300 cents settled, 300 reserved');
 committed_is_counted('2050-06', 'lock');

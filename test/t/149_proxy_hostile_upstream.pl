@@ -14,8 +14,7 @@ use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 use RawHttpServer;
 use ProxyHarness;
 
@@ -40,7 +39,7 @@ my $stripe = RawHttpServer->start(sub {
 	my ($prefix) = $head =~ /^idempotency-key:\s*([a-z0-9]+)-/mi;
 	return (@{ $answers{ $prefix // '' } // [404, '{}'] }, 'req_hostile');
 });
-my $node = billguard_node('proxy_hostile');
+my $node = BillguardNode->preloaded('proxy_hostile');
 my $proxy = ProxyHarness->start(conninfo => $node->connstr('postgres'), upstream => $stripe->url(''));
 my $key = $proxy->issue_key(billing_period => '2026-08', period_usd_cap => 1000);
 my $pid = $proxy->pid;
@@ -74,11 +73,11 @@ is($fine->{json}{id}, 'pi_fine', 'a well-formed answer after them is relayed as 
 
 is($proxy->pid, $pid, 'the same proxy process answered every request');
 is($proxy->request('GET', '/healthz', undef)->{status}, 200, '... and is healthy');
-is(q1($node, q{SELECT string_agg(idempotency_key || ' ' || status || ' ' || coalesce(charge_id, '-'), ', '
+is($node->q1(q{SELECT string_agg(idempotency_key || ' ' || status || ' ' || coalesce(charge_id, '-'), ', '
 	ORDER BY idempotency_key) FROM billguard.vault_reservations WHERE idempotency_key !~ '^deep'}),
 	'fine-1 settled pi_fine, latin-1 settled -, number-1 settled -, utf8-1 released -',
 	'each answer is settled or released by its status, with the id of a readable success');
-is(q1($node, q{SELECT count(*) FILTER (WHERE status = 'settled') || '/' || count(*) FROM billguard.vault_reservations
+is($node->q1(q{SELECT count(*) FILTER (WHERE status = 'settled') || '/' || count(*) FROM billguard.vault_reservations
 	WHERE idempotency_key ~ '^deep'}), '8/8', 'the successes of nested arrays are settled');
 my $status = $proxy->key_status($key->{key_id});
 is("$status->{settled_cents}/$status->{reserved_cents}", '1100/0', 'the budget counts the eleven successes, nothing reserved');

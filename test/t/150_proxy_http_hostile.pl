@@ -38,13 +38,13 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(sleep time);
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 use ProxyHarness;
 use RawHttpServer;
 
 $SIG{PIPE} = 'IGNORE';
 
-my $node = billguard_node('proxy_http_hostile');
+my $node = BillguardNode->preloaded('proxy_http_hostile');
 my $emulator = start_emulator();
 my $proxy = ProxyHarness->start(conninfo => $node->connstr('postgres'), upstream => $emulator,
 	args => [ '--webhook-database', $node->connstr('postgres') ]);
@@ -368,7 +368,7 @@ my $large = ProxyHarness::charge_body(amount => 100) . "&$metadata";
 note('the form charge: ' . length($large) . ' bytes');
 $r = $proxy->request('POST', '/v1/payment_intents', $large, vault_key => $form->{vault_key}, idempotency_key => 'large-form');
 is($r->{status}, 200, 'a 9.5 KB form charge with 20 metadata values passes');
-my ($large_charge) = grep { ($_->{idempotency_key} // '') eq 'large-form' } @{ $emulator->ledger };
+my ($large_charge) = @{ ledger_for_key($emulator, 'large-form') };
 is(scalar(keys %{ $large_charge->{metadata} // {} }), 20, '... and reaches Stripe with its 20 metadata values');
 my $percent = ProxyHarness->start(conninfo => $node->connstr('postgres'), upstream => $emulator,
 	admin_token => 'admin%2Ftoken%2Fwritten-as-is-0001');
@@ -493,7 +493,7 @@ my $ready = StripeEmulatorHarness::read_line_with_timeout($ready_in, 60);
 is($ready, 'ready', 'a child holds 1,000 connections: 500 idle, 250 trickling headers, 250 trickling a body');
 my $threads_quiet = $proxy->threads;
 my $descriptors = sub { my @fds = glob('/proc/' . $proxy->pid . '/fd/*'); return scalar @fds };
-ok(wait_for('the proxy to accept 1,000 connections', 10, sub { $descriptors->() >= 1000 }),
+ok(wait_until('the proxy to accept 1,000 connections', 10, sub { $descriptors->() >= 1000 }),
 	'... all open at the proxy (' . $descriptors->() . ' descriptors)');
 my ($busy_healthz, $busy_charges) = one_round();
 my $threads_busy = $proxy->threads;

@@ -23,10 +23,10 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(sleep time);
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 use ProxyHarness;
 
-my $node = billguard_node('reserved_past_window');
+my $node = BillguardNode->preloaded('reserved_past_window');
 my $emulator = start_emulator(idempotency_ttl => 3);
 # A quiet time far longer than the test: Stripe's silence never counts here,
 # and the background reconciler never looks at these reservations.
@@ -46,7 +46,7 @@ sub charge {
 sub forwarded { return $emulator->stats->{requests} }
 sub audit_of {
 	my ($idem, $decision) = @_;
-	return q1($node, qq{SELECT string_agg(reason, ' | ' ORDER BY occurred_at) FROM billguard.vault_audit
+	return $node->q1(qq{SELECT string_agg(reason, ' | ' ORDER BY occurred_at) FROM billguard.vault_audit
 	                     WHERE idempotency_key = '$idem' AND decision = '$decision'});
 }
 # The charge is made after the proxy gave up waiting: its answer is lost.
@@ -68,7 +68,7 @@ is(charges_for('made-1'), 1, 'Stripe made the charge');
 my $again = charge('made-1');
 is($again->{status}, 200, 'sent again past the window, the key is answered 200');
 is($again->{headers}{'idempotent-replayed'} // '', 'true', '... replayed from the ledger');
-is($again->{json}{id}, (grep { ($_->{idempotency_key} // '') eq 'made-1' } @{ $emulator->ledger })[0]{id},
+is($again->{json}{id}, ledger_for_key($emulator, 'made-1')->[0]{id},
 	'... with the PaymentIntent the first attempt made');
 is(charges_for('made-1'), 1, 'one charge at the emulator');
 is(budget(), '1000/0', 'counted once, settled');
@@ -125,13 +125,13 @@ is("$early->{status} " . ($early->{json}{error}{code} // ''), '409 reservation_r
 	'sent again past the window but within the quiet time: 409');
 like($early->{json}{error}{message}, qr/its last attempt was forwarded \d s ago/, '... because the last attempt is recent');
 my $answer;
-ok(wait_for('the key to go through', 20, sub {
+ok(wait_until('the key to go through', 20, sub {
 	$answer = $quick->charge($key->{vault_key}, 'hung-1', amount => 1000, customer => 'cus_hung',
 		'metadata[billguard_key]' => 'hung-1');
 	$answer->{status} != 409 }), 'once quiet for --reconcile-after, the key goes through');
 is($answer->{status}, 200, '... charged');
 is(charges_for('hung-1'), 1, 'one charge at the emulator');
-like(q1($node, q{SELECT reason FROM billguard.vault_audit WHERE idempotency_key = 'hung-1' AND decision = 'released'}),
+like($node->q1(q{SELECT reason FROM billguard.vault_audit WHERE idempotency_key = 'hung-1' AND decision = 'released'}),
 	qr/^reconciled with Stripe: no charge carries metadata\[billguard_key\] hung-1: not in Stripe's search, nor among the 0 objects of cus_hung since /,
 	'the absence was proved by the list before the reservation was released');
 is(budget(), '3000/1000', 'counted once');

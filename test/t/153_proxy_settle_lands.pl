@@ -17,10 +17,10 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(sleep time);
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 use ProxyHarness;
 
-my $node = billguard_node('settle_lands');
+my $node = BillguardNode->preloaded('settle_lands');
 my $emulator = start_emulator(idempotency_ttl => 3);
 # A statement waiting on a lock is cancelled after a second.
 my $conninfo = $node->connstr('postgres') . " options='-c statement_timeout=1000'";
@@ -28,7 +28,7 @@ my $proxy = ProxyHarness->start(conninfo => $conninfo, upstream => $emulator);
 my $key = $proxy->issue_key(billing_period => '2026-08', period_usd_cap => 100);
 sub budget { my $s = $proxy->key_status($key->{key_id}); return "$s->{settled_cents}/$s->{reserved_cents}" }
 sub budget_in_db {
-	return q1($node, q{SELECT settled_cents || '/' || reserved_cents FROM billguard.vault_spend WHERE billing_period = '2026-08'});
+	return $node->q1(q{SELECT settled_cents || '/' || reserved_cents FROM billguard.vault_spend WHERE billing_period = '2026-08'});
 }
 sub charges_for {
 	my ($idem) = @_;
@@ -36,7 +36,7 @@ sub charges_for {
 }
 sub status_of_key {
 	my ($idem) = @_;
-	return q1($node, "SELECT status FROM billguard.vault_reservations WHERE idempotency_key = '$idem'");
+	return $node->q1("SELECT status FROM billguard.vault_reservations WHERE idempotency_key = '$idem'");
 }
 sub metric {
 	my ($p, $name) = @_;
@@ -48,7 +48,7 @@ sub body_of { my ($idem) = @_; return ProxyHarness::charge_body(amount => 1000, 
 sub send_charge {
 	my ($p, $idem) = @_;
 	my $socket = $p->send_charge($key->{vault_key}, $idem, body_of($idem));
-	ok(wait_for("the reservation of $idem", 10, sub { status_of_key($idem) eq 'reserved' }),
+	ok(wait_until("the reservation of $idem", 10, sub { status_of_key($idem) eq 'reserved' }),
 		"$idem is reserved and at Stripe");
 	return $socket;
 }
@@ -74,7 +74,7 @@ like($proxy->log_text, qr/could not settle blip-1 attempt 1 of vkey_\w+ now \(th
 sleep 2;
 is(status_of_key('blip-1'), 'reserved', '... and retried while the lock is held');
 ProxyHarness::end_key_lock($lock);
-ok(wait_for('the settle to land', 15, sub { status_of_key('blip-1') eq 'settled' }),
+ok(wait_until('the settle to land', 15, sub { status_of_key('blip-1') eq 'settled' }),
 	'once the lock is gone, the kept settle lands');
 is(metric($proxy, 'billguard_proxy_settles_pending'), 0, '/metrics: nothing waits any more');
 like($proxy->request('GET', '/metrics', undef)->{content}, qr/^billguard_proxy_settles_total\{result="landed"\} 1$/m,
@@ -97,7 +97,7 @@ $emulator->configure(latency_ms => 0);
 is($answer->{status}, 200, 'with the database down at the settle, the client gets the charge');
 is(metric($proxy, 'billguard_proxy_settles_pending'), 1, '/metrics: one settle waits for the database');
 $node->start;
-ok(wait_for('the settle to land', 20, sub { status_of_key('down-1') eq 'settled' }),
+ok(wait_until('the settle to land', 20, sub { status_of_key('down-1') eq 'settled' }),
 	'the database back, the kept settle lands without any request');
 sleep 3.5;
 $replay = again($proxy, 'down-1');
@@ -118,22 +118,22 @@ $answer = StripeEmulatorHarness::read_response($socket, 30);
 close $socket;
 $emulator->configure(latency_ms => 0);
 is($answer->{status}, 200, 'the client gets the charge');
-ok(wait_for('the settle to be kept', 10, sub { metric($quick, 'billguard_proxy_settles_pending') eq '1' }),
+ok(wait_until('the settle to be kept', 10, sub { metric($quick, 'billguard_proxy_settles_pending') eq '1' }),
 	'the settle is kept in memory');
 $quick->stop('KILL');
 $node->start;
 is(status_of_key('killed-1'), 'reserved', 'killed with it, the proxy left the reservation reserved, in doubt');
 $quick->restart;
-ok(wait_for('the reconciler to settle it', 30, sub { status_of_key('killed-1') eq 'settled' }),
+ok(wait_until('the reconciler to settle it', 30, sub { status_of_key('killed-1') eq 'settled' }),
 	'restarted, the proxy settles it by itself from what Stripe holds');
-like(q1($node, q{SELECT reason FROM billguard.vault_audit WHERE idempotency_key = 'killed-1' AND decision = 'settled'}),
+like($node->q1(q{SELECT reason FROM billguard.vault_audit WHERE idempotency_key = 'killed-1' AND decision = 'settled'}),
 	qr/^reconciled with Stripe: found pi_\w+ by Stripe's search/, '... found by Stripe\'s search');
 like($quick->log_text, qr/reconciled killed-1 of vkey_\w+ with Stripe: settled/, '... and says so in its log');
 sleep 1;
 $replay = again($quick, 'killed-1');
 is("$replay->{status} " . ($replay->{headers}{'idempotent-replayed'} // ''), '200 true',
 	'the key, back after Stripe forgot it, is replayed from the ledger');
-is($replay->{json}{id}, (grep { ($_->{idempotency_key} // '') eq 'killed-1' } @{ $emulator->ledger })[0]{id},
+is($replay->{json}{id}, ledger_for_key($emulator, 'killed-1')->[0]{id},
 	'... with the charge Stripe made');
 is(charges_for('killed-1'), 1, 'one charge at the emulator');
 is(budget_in_db(), '3000/0', 'counted once, settled');

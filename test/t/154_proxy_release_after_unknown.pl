@@ -16,10 +16,10 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(sleep);
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 use ProxyHarness;
 
-my $node = billguard_node('release_after_unknown');
+my $node = BillguardNode->preloaded('release_after_unknown');
 my $emulator = start_emulator(idempotency_ttl => 3);
 # The proxy's own window (23 h) and quiet time are left long: only the
 # ledger's rule for releases is at work.
@@ -68,7 +68,7 @@ for my $case ([ 'another Stripe-Version', '2026-08' ], [ 'a refusal by Stripe', 
 		$emulator->add_fault(kind => 'status', status => 402, count => 1);
 		$second = charge($key, $idem);
 		is($second->{status}, 402, "$what: attempt 2 is refused by Stripe (402)");
-		like(q1($node, "SELECT reason FROM billguard.vault_audit WHERE idempotency_key = '$idem' ORDER BY occurred_at DESC LIMIT 1"),
+		like($node->q1("SELECT reason FROM billguard.vault_audit WHERE idempotency_key = '$idem' ORDER BY occurred_at DESC LIMIT 1"),
 			qr/^402 api_error to attempt 2, but attempt 1 of the key may have charged: kept reserved until reconciled$/,
 			"$what: the audit trail says why it stays reserved");
 	}

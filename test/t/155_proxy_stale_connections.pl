@@ -11,10 +11,10 @@ use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 use ProxyHarness;
 
-my $node = billguard_node('stale_connections');
+my $node = BillguardNode->preloaded('stale_connections');
 my $emulator = start_emulator();
 my $proxy = ProxyHarness->start(conninfo => $node->connstr('postgres'), upstream => $emulator,
 	args => [ '--database-pool', '4' ]);
@@ -26,12 +26,12 @@ sub charge_request {
 		idempotency_key => $idem, body => ProxyHarness::charge_body(amount => 100) };
 }
 sub pooled {
-	return q1($node, q{SELECT count(*) FROM pg_stat_activity
+	return $node->q1(q{SELECT count(*) FROM pg_stat_activity
 	                    WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() AND state = 'idle'});
 }
 sub status_of_key {
 	my ($idem) = @_;
-	return q1($node, "SELECT status FROM billguard.vault_reservations WHERE idempotency_key = '$idem'");
+	return $node->q1("SELECT status FROM billguard.vault_reservations WHERE idempotency_key = '$idem'");
 }
 
 # Fill the pool: requests at once, while Stripe takes its time.
@@ -57,7 +57,7 @@ like($proxy->request('GET', '/metrics', undef)->{content},
 $emulator->configure(latency_ms => 2500);
 my $body = ProxyHarness::charge_body(amount => 100);
 my $socket = $proxy->send_charge($key->{vault_key}, 'across-1', $body);
-ok(wait_for('the reservation of across-1', 10, sub { status_of_key('across-1') eq 'reserved' }), 'a charge is at Stripe');
+ok(wait_until('the reservation of across-1', 10, sub { status_of_key('across-1') eq 'reserved' }), 'a charge is at Stripe');
 $node->restart;
 my $answer = StripeEmulatorHarness::read_response($socket, 30);
 close $socket;
@@ -74,17 +74,17 @@ is("$s->{settled_cents}/$s->{reserved_cents}", (12 + $pooled + 1 + 1) * 100 . '/
 my $lock = ProxyHarness::hold_key_lock($node, '2026-08', 'killed-1');
 $socket = $proxy->send_charge($key->{vault_key}, 'killed-1', $body);
 my $waiting = q{SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%vault_authorize%'};
-ok(wait_for('the authorization to wait for the key', 10, sub { q1($node, $waiting) ne '' }),
+ok(wait_until('the authorization to wait for the key', 10, sub { $node->q1($waiting) ne '' }),
 	'an authorization waits for the key\'s lock');
-my $killed = q1($node, $waiting);
-q1($node, "SELECT pg_terminate_backend($killed)");
-ok(wait_for('the authorization to be run again', 10, sub { my $pid = q1($node, $waiting); $pid ne '' && $pid ne $killed }),
+my $killed = $node->q1($waiting);
+$node->q1("SELECT pg_terminate_backend($killed)");
+ok(wait_until('the authorization to be run again', 10, sub { my $pid = $node->q1($waiting); $pid ne '' && $pid ne $killed }),
 	'its connection killed, the proxy runs it again on a new one');
 ProxyHarness::end_key_lock($lock);
 $answer = StripeEmulatorHarness::read_response($socket, 30);
 close $socket;
 is($answer->{status}, 200, 'the charge passes');
-is(q1($node, q{SELECT string_agg(decision, ' ' ORDER BY occurred_at) FROM billguard.vault_audit WHERE idempotency_key = 'killed-1'}),
+is($node->q1(q{SELECT string_agg(decision, ' ' ORDER BY occurred_at) FROM billguard.vault_audit WHERE idempotency_key = 'killed-1'}),
 	'reserved settled', 'reserved once, settled once');
 like($proxy->request('GET', '/metrics', undef)->{content}, qr/^billguard_proxy_database_calls_retried_total 1$/m,
 	'/metrics counts the call run again');

@@ -15,10 +15,10 @@ use POSIX qw(strftime);
 use PostgreSQL::Test::Utils;
 use Test::More;
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 use ProxyHarness;
 
-my $node = billguard_node('key_api_bounds');
+my $node = BillguardNode->preloaded('key_api_bounds');
 my $emulator = start_emulator();
 my $proxy = ProxyHarness->start(conninfo => $node->connstr('postgres'), upstream => $emulator,
 	issuer_bounds => 'default');
@@ -34,7 +34,7 @@ sub json_request {
 }
 sub period_from_now {
 	my ($months) = @_;
-	return q1($node, "SELECT to_char(now() AT TIME ZONE 'UTC' + interval '$months month', 'YYYY-MM')");
+	return $node->q1("SELECT to_char(now() AT TIME ZONE 'UTC' + interval '$months month', 'YYYY-MM')");
 }
 sub in_days {
 	my ($days) = @_;
@@ -65,7 +65,7 @@ for my $status (sort keys %expected) {
 
 # ---- the issuer token's bounds ----------------------------------------------------------------------
 
-my $rows = sub { q1($node, q{SELECT (SELECT count(*) FROM billguard.vault_budgets) || '/' || (SELECT count(*) FROM billguard.vault_keys)}) };
+my $rows = sub { $node->q1(q{SELECT (SELECT count(*) FROM billguard.vault_budgets) || '/' || (SELECT count(*) FROM billguard.vault_keys)}) };
 my $before = $rows->();
 my $current = period_from_now(0);
 my @bounded = (
@@ -90,7 +90,7 @@ is($rows->(), $before, '... and none created a budget or a key');
 # The dispatcher's own request, as billguard.vault_key_request builds it.
 for my $offset (-1, 0, 1) {
 	my $period = period_from_now($offset);
-	my $body = q1($node, "SELECT body FROM billguard.vault_key_request('$period', '/v1/payment_intents', 1.10)");
+	my $body = $node->q1("SELECT body FROM billguard.vault_key_request('$period', '/v1/payment_intents', 1.10)");
 	my $answer = json_request('POST', '/keys', $body, token => $proxy->issuer_token);
 	is($answer->{status}, 200, "the dispatcher's request for $period (offset $offset) is within the defaults")
 	  or diag($answer->{content});

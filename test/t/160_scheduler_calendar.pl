@@ -25,13 +25,13 @@ use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 use SchedulerScenario;
 
 my $accounts = 20;
 my $emulator = start_emulator();
-my $node = dispatch_node('scheduler_calendar', $emulator, "restart_after_crash = on");
-add_accounts($node, $accounts);
+my $node = BillguardNode->dispatching('scheduler_calendar', $emulator, "restart_after_crash = on");
+$node->add_accounts($accounts);
 
 # ---- start -------------------------------------------------------------------------
 
@@ -39,11 +39,11 @@ my $offset = set_scheduler($node, auto_bill => 'monthly', scheduler_now => '2031
 like(wait_for_tick($node, $offset), qr/billed 2031-07 \(due 2031-08-01 00:00 UTC\): $accounts records claimed, 0 existed already; each is searched for at Stripe before any charge is sent: the scheduler claimed 2031-07 30 days 23:59:59 after it became due \(2031-08-01 00:00 UTC\), past billguard.idempotency_window \(23h\).*; next bill at 2031-09-01 00:00 UTC/,
 	'start: turned on, the scheduler bills the most recent due period, 2031-07, a month late: searching first');
 billed_once($node, $emulator, 'start', '2031-07', $accounts);
-is(q1($node, q{SELECT string_agg(DISTINCT event_type || coalesce('(' || (event ->> 'action') || ')', ''), ',')
+is($node->q1(q{SELECT string_agg(DISTINCT event_type || coalesce('(' || (event ->> 'action') || ')', ''), ',')
 	FROM billguard.journal WHERE persistence_id LIKE 'billing-%-2031-07'}),
 	'BillingCompleted,BillingInitiated,ChargeAttempted(search)',
 	'start: each record was searched for, not found, and charged');
-is(records_of($node, '2031-08'), '0', 'start: 2031-08 is not billed a second before its instant');
+is($node->records_of('2031-08'), '0', 'start: 2031-08 is not billed a second before its instant');
 
 # ---- crossing ----------------------------------------------------------------------
 
@@ -64,9 +64,9 @@ my @restarts = (
 	[ '00:40', 'fast', sub { $node->restart } ],
 	[ '00:50', 'immediate', sub { $node->stop('immediate'); $node->start } ],
 	[ '00:59:59', 'kill -9 of the dispatcher', sub {
-		my $pid = dispatcher_pid($node);
+		my $pid = $node->dispatcher_pid;
 		kill('KILL', $pid) or die "kill -9 $pid: $!";
-		wait_for_new_dispatcher($node, $pid, 60) or die 'no dispatcher after kill -9';
+		$node->wait_for_new_dispatcher($pid, 60) or die 'no dispatcher after kill -9';
 	} ],
 );
 for my $restart (@restarts) {
@@ -78,8 +78,8 @@ for my $restart (@restarts) {
 	like(wait_for_tick($node, $offset), qr/2031-08 \(due 2031-09-01 00:00 UTC\) was issued already/,
 		"restarts: after a $how restart at $at the tick finds 2031-08 issued");
 }
-is(ticks_issued($node, '2031-08'), '1', 'restarts: still one BillingTickIssued for 2031-08');
-is(records_of($node, '2031-08'), $accounts, 'restarts: still one record per account');
+is($node->ticks_issued('2031-08'), '1', 'restarts: still one BillingTickIssued for 2031-08');
+is($node->records_of('2031-08'), $accounts, 'restarts: still one record per account');
 is($emulator->stats->{created}, $created, 'restarts: the emulator created nothing after the three restarts');
 
 # ---- downtime across two bill instants -----------------------------------------------
@@ -93,16 +93,16 @@ $node->start;
 like(wait_for_tick($node, $offset), qr/billed 2031-10 \(due 2031-11-01 00:00 UTC\): $accounts records claimed/,
 	'downtime: at start the most recent due period, 2031-10, is billed');
 billed_once($node, $emulator, 'downtime', '2031-10', $accounts);
-is(records_of($node, '2031-09'), '0', 'downtime: 2031-09, missed while down, is not billed automatically');
-is(ticks_issued($node, '2031-09'), '0', 'downtime: nor issued');
-is(q1($node, q{SELECT string_agg(billing_period || '/' || due_at || '/' || records || '/' || scheduled, ',')
+is($node->records_of('2031-09'), '0', 'downtime: 2031-09, missed while down, is not billed automatically');
+is($node->ticks_issued('2031-09'), '0', 'downtime: nor issued');
+is($node->q1(q{SELECT string_agg(billing_period || '/' || due_at || '/' || records || '/' || scheduled, ',')
 	FROM billguard.due_periods()}), '2031-09/2031-10-01 00:00:00+00/0/false',
 	'downtime: due_periods() lists 2031-09, not scheduled');
-is(q1($node, 'SELECT missed_periods FROM billguard.scheduler_status'), '1', 'downtime: scheduler_status counts one missed period');
-is(q1($node, "SELECT initiated FROM billguard.bill_period('2031-09')"), $accounts,
+is($node->q1('SELECT missed_periods FROM billguard.scheduler_status'), '1', 'downtime: scheduler_status counts one missed period');
+is($node->q1("SELECT initiated FROM billguard.bill_period('2031-09')"), $accounts,
 	'downtime: bill_period bills 2031-09 deliberately');
 billed_once($node, $emulator, 'deliberately', '2031-09', $accounts);
-is(q1($node, 'SELECT count(*) FROM billguard.due_periods()'), '0', 'downtime: due_periods() is empty afterwards');
+is($node->q1('SELECT count(*) FROM billguard.due_periods()'), '0', 'downtime: due_periods() is empty afterwards');
 
 # ---- settings changed mid-period ----------------------------------------------------
 
@@ -117,7 +117,7 @@ for my $change ([ { bill_day => 15 }, '2031-11-10 00:00:00+00', '2031-09', '2031
 	like(wait_for_tick($node, $offset), qr/\Q$period (due $due UTC) was issued already\E/,
 		"settings: $what at $now: the due period $period was issued already");
 }
-is(join(',', map { ticks_issued($node, $_) } qw(2031-07 2031-08 2031-09 2031-10)), '1,1,1,1',
+is(join(',', map { $node->ticks_issued($_) } qw(2031-07 2031-08 2031-09 2031-10)), '1,1,1,1',
 	'settings: still one BillingTickIssued per period');
 is($emulator->stats->{created}, $created, 'settings: the emulator created nothing');
 
@@ -125,15 +125,15 @@ is($emulator->stats->{created}, $created, 'settings: the emulator created nothin
 
 # With bill_day 1 at 00:00 the most recent due period is always last month.
 my $last_month = q{SELECT to_char(date_trunc('month', now() AT TIME ZONE 'UTC') - interval '1 month', 'YYYY-MM')};
-my $before = q1($node, $last_month);
+my $before = $node->q1($last_month);
 $offset = set_scheduler($node, scheduler_now => '');
 my ($due) = wait_for_tick($node, $offset)
   =~ /(\d{4}-\d\d) \(due \d{4}-\d\d-01 00:00 UTC\) is not billed: a later period was issued already/;
-my $after = q1($node, $last_month);
+my $after = $node->q1($last_month);
 ok(defined $due && ($due eq $before || $due eq $after),
 	"clock: without scheduler_now the scheduler's due period is last month by the clock ($before), "
 	  . 'not billed behind the periods the test clock issued');
-is(records_of($node, $before), '0', 'clock: nothing was claimed for it');
+is($node->records_of($before), '0', 'clock: nothing was claimed for it');
 
 $node->stop;
 $emulator->stop;

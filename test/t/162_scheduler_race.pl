@@ -21,13 +21,13 @@ use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 use SchedulerScenario;
 
 my $accounts = 40;
 my $emulator = start_emulator();
-my $node = dispatch_node('scheduler_race', $emulator);
-add_accounts($node, $accounts);
+my $node = BillguardNode->dispatching('scheduler_race', $emulator);
+$node->add_accounts($accounts);
 
 my $offset = set_scheduler($node, auto_bill => 'monthly', scheduler_now => '2031-05-15 00:00:00+00');
 like(wait_for_tick($node, $offset), qr/billed 2031-04 /, 'the scheduler starts by billing 2031-04');
@@ -43,10 +43,10 @@ sub waiting_for_period_lock {
 # ---- tick first -----------------------------------------------------------------------
 
 my $holder = hold_scheduler_event($node);
-my $dispatcher = dispatcher_pid($node);
+my $dispatcher = $node->dispatcher_pid;
 $offset = set_scheduler($node, scheduler_now => '2031-06-01 00:00:00+00');
 ok(waits_for_scheduler_event($node, $dispatcher), 'tick first: the tick has claimed 2031-05 and waits to commit');
-my @racers = map { race_psql($node, "SELECT initiated FROM billguard.bill_period('2031-05')") } 1 .. 4;
+my @racers = map { $node->race_psql("SELECT initiated FROM billguard.bill_period('2031-05')") } 1 .. 4;
 ok(waiting_for_period_lock('2031-05', 4), 'tick first: four bill_period sessions wait for the period');
 release_scheduler_event($node, $holder);
 finish_race(@racers);
@@ -59,16 +59,16 @@ billed_once($node, $emulator, 'tick first', '2031-05', $accounts);
 # ---- manual first -------------------------------------------------------------------------
 
 $holder = hold_scheduler_event($node);
-my ($manual) = race_psql($node, "SELECT initiated FROM billguard.bill_period('2031-06')");
+my ($manual) = $node->race_psql("SELECT initiated FROM billguard.bill_period('2031-06')");
 ok($node->poll_query_until('postgres', q{
 	SELECT count(*) = 1 FROM pg_locks l JOIN pg_stat_activity a USING (pid)
 	 WHERE a.query LIKE '%bill_period(''2031-06'')%' AND l.locktype = 'transactionid' AND NOT l.granted}),
 	'manual first: bill_period has claimed 2031-06 and waits to commit');
 $offset = set_scheduler($node, scheduler_now => '2031-07-01 00:00:00+00');
-ok(wait_for('the tick to find the period busy', 30, sub {
+ok(wait_until('the tick to find the period busy', 30, sub {
 	substr(slurp_file($node->logfile), $offset) =~ /billguard scheduler: a session is billing 2031-06/ }),
 	'manual first: the tick finds a session billing 2031-06, and does not wait for it');
-is(q1($node, "SELECT count(*) FROM pg_locks WHERE pid = $dispatcher AND NOT granted"), '0',
+is($node->q1("SELECT count(*) FROM pg_locks WHERE pid = $dispatcher AND NOT granted"), '0',
 	'manual first: the dispatcher waits for no lock');
 release_scheduler_event($node, $holder);
 finish_race($manual);

@@ -11,13 +11,13 @@ use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 use SchedulerScenario;
 
 my $accounts = 12;
 my $emulator = start_emulator();
-my $node = dispatch_node('scheduler_calendar_back', $emulator);
-add_accounts($node, $accounts);
+my $node = BillguardNode->dispatching('scheduler_calendar_back', $emulator);
+$node->add_accounts($accounts);
 
 my $offset = set_scheduler($node, auto_bill => 'monthly', bill_day => 1, scheduler_now => '2031-09-02 00:00:00+00');
 like(wait_for_tick($node, $offset), qr/billed 2031-08 \(due 2031-09-01 00:00 UTC\): $accounts records claimed/,
@@ -31,19 +31,19 @@ like(wait_for_tick($node, $offset),
 	'bill_day 5 on 2031-09-03: the calendar went back to 2031-07, which the scheduler does not bill');
 like(substr(slurp_file($node->logfile), $offset), qr/WARNING:  billguard scheduler: 2031-07 \(due 2031-08-05 00:00 UTC\) is not billed/,
 	'it says so as a WARNING');
-is(records_of($node, '2031-07'), '0', 'no record was claimed for 2031-07');
-is(ticks_issued($node, '2031-07'), '0', 'nor was 2031-07 issued');
+is($node->records_of('2031-07'), '0', 'no record was claimed for 2031-07');
+is($node->ticks_issued('2031-07'), '0', 'nor was 2031-07 issued');
 is($emulator->stats->{created}, $created, 'the emulator created nothing');
-is(q1($node, 'SELECT count(*) FROM billguard.due_periods()'), '0',
+is($node->q1('SELECT count(*) FROM billguard.due_periods()'), '0',
 	'due_periods() lists nothing: 2031-07 is older than the first period the scheduler issued');
-is(q1($node, "SELECT missed_periods || ',' || next_bill_at FROM billguard.scheduler_status"),
+is($node->q1("SELECT missed_periods || ',' || next_bill_at FROM billguard.scheduler_status"),
 	'0,2031-09-05 00:00:00+00', 'scheduler_status: nothing missed, the next instant ahead');
 
 $offset = set_scheduler($node, scheduler_now => '2031-10-05 00:00:00+00');
 like(wait_for_tick($node, $offset), qr/billed 2031-09 \(due 2031-10-05 00:00 UTC\): $accounts records claimed/,
 	'at its new instant, 2031-10-05, the scheduler bills 2031-09');
 billed_once($node, $emulator, 'bill_day 5', '2031-09', $accounts);
-is(join(',', map { ticks_issued($node, $_) } qw(2031-07 2031-08 2031-09)), '0,1,1',
+is(join(',', map { $node->ticks_issued($_) } qw(2031-07 2031-08 2031-09)), '0,1,1',
 	'one BillingTickIssued for 2031-08 and 2031-09, none for 2031-07');
 
 $node->stop;

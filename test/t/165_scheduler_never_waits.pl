@@ -11,13 +11,13 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use IPC::Run;
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 use SchedulerScenario;
 
 my $accounts = 15;
 my $emulator = start_emulator();
-my $node = dispatch_node('scheduler_never_waits', $emulator);
-add_accounts($node, $accounts);
+my $node = BillguardNode->dispatching('scheduler_never_waits', $emulator);
+$node->add_accounts($accounts);
 my $offset = set_scheduler($node, auto_bill => 'monthly', scheduler_now => '2031-05-15 00:00:00+00');
 like(wait_for_tick($node, $offset), qr/billed 2031-04 /, 'the scheduler starts by billing 2031-04');
 billed_once($node, $emulator, 'start', '2031-04', $accounts);
@@ -33,19 +33,19 @@ ok($node->poll_query_until('postgres', q{
 	   AND l.classid = billguard.scheduler_lock_class() AND l.objid = 0}),
 	'a session has billed 2031-03 and keeps its transaction open');
 
-my $dispatcher = dispatcher_pid($node);
+my $dispatcher = $node->dispatcher_pid;
 $offset = set_scheduler($node, scheduler_now => '2031-06-01 00:00:00+00');
-ok(wait_for('the tick to find a session billing', 30, sub {
+ok(wait_until('the tick to find a session billing', 30, sub {
 	substr(slurp_file($node->logfile), $offset) =~
 	  /billguard scheduler: a session is billing 2031-05 \(due 2031-06-01 00:00 UTC\) now, or billed a period in a transaction still open; trying again every second/ }),
 	'the tick of 2031-05 says a session holds a billing lock, and tries again');
-is(q1($node, "SELECT status FROM billguard.bill_customer('cust_000001', '2031-12')"), 'initiated',
+is($node->q1("SELECT status FROM billguard.bill_customer('cust_000001', '2031-12')"), 'initiated',
 	'a record of another period is claimed meanwhile');
-ok(wait_for('the record to complete', 60, sub { status_of($node, 'cust_000001', '2031-12') eq 'completed' }),
+ok(wait_until('the record to complete', 60, sub { $node->status_of('cust_000001', '2031-12') eq 'completed' }),
 	'the dispatcher sends it while the session is open');
-is(q1($node, "SELECT count(*) FROM pg_locks WHERE pid = $dispatcher AND NOT granted"), '0',
+is($node->q1("SELECT count(*) FROM pg_locks WHERE pid = $dispatcher AND NOT granted"), '0',
 	'the dispatcher waits for no lock');
-is(records_of($node, '2031-05'), '0', '2031-05 is not billed while the session is open');
+is($node->records_of('2031-05'), '0', '2031-05 is not billed while the session is open');
 
 $offset = -s $node->logfile;
 $node->safe_psql('postgres', q{SELECT pg_terminate_backend(pid) FROM pg_stat_activity
@@ -54,7 +54,7 @@ $session{handle}->finish;
 like(wait_for_tick($node, $offset), qr/billed 2031-05 \(due 2031-06-01 00:00 UTC\): $accounts records claimed, 0 existed already/,
 	'once the session has ended, the tick bills 2031-05');
 billed_once($node, $emulator, 'after the session', '2031-05', $accounts);
-is(records_of($node, '2031-03'), '0', "2031-03 has no records: the session's transaction was rolled back");
+is($node->records_of('2031-03'), '0', "2031-03 has no records: the session's transaction was rolled back");
 
 $node->stop;
 $emulator->stop;

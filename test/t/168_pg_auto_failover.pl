@@ -16,9 +16,10 @@ use POSIX ();
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use SecretFile qw(write_secret_file);
 use Time::HiRes qw(sleep time);
 use BillguardTest;
-use DispatchScenario qw(wait_for poll_until);
+use BillguardNode;
 use SchedulerScenario;
 
 plan skip_all => 'pg_autoctl is not installed (test/install-deps.sh installs postgresql-NN-auto-failover)'
@@ -49,8 +50,7 @@ END { stop_services() }
 sub stop_services {
 	while (my $pid = shift @services) {
 		kill 'TERM', $pid;
-		my $deadline = time + 120;
-		sleep 0.1 while waitpid($pid, POSIX::WNOHANG()) == 0 && time < $deadline;
+		next if wait_until("pg_autoctl $pid to stop", 120, sub { waitpid($pid, POSIX::WNOHANG()) != 0 }, interval => 0.1);
 		if (kill 0, $pid) {
 			kill 'KILL', $pid;
 			waitpid($pid, 0);
@@ -84,9 +84,10 @@ sub start_service {
 # ---- the nodes as SQL sees them -----------------------------------------------------------
 
 {
-	# Enough of PostgreSQL::Test::Cluster's interface for the shared helpers:
-	# safe_psql on a node that pg_autoctl, not the harness, runs.
+	# A node that pg_autoctl, not the harness, runs: BillguardNode's queries
+	# (they all go through safe_psql) on its own safe_psql.
 	package AutoctlNode;
+	use parent -norequire, 'BillguardNode';
 	sub new { my ($class, %node) = @_; return bless {%node}, $class }
 	sub name { $_[0]{name} }
 	sub port { $_[0]{port} }
@@ -120,9 +121,7 @@ sub states {
 # pg_autoctl) for up to $timeout seconds.
 sub poll_monitor {
 	my ($what, $timeout, $check) = @_;
-	defined(poll_until($timeout, $check, 0.5)) and return 1;
-	diag("timed out after ${timeout}s waiting for: $what");
-	return 0;
+	return wait_until($what, $timeout, $check, interval => 0.5);
 }
 
 # Polls until the monitor reports %want (name => state, current and assigned).
@@ -137,11 +136,7 @@ sub wait_for_states {
 # ---- monitor and nodes on loopback ----------------------------------------------------------
 
 my $emulator = start_emulator(latency_ms => 100);
-my $key_file = "$dir/stripe.key";
-open my $key, '>', $key_file or die "$key_file: $!";
-print $key "$StripeEmulatorHarness::DEFAULT_API_KEY\n";
-close $key;
-chmod 0600, $key_file;
+my $key_file = write_secret_file("$dir/stripe.key", $StripeEmulatorHarness::DEFAULT_API_KEY);
 
 my $monitor_port = PostgreSQL::Test::Cluster::get_free_port();
 system_or_bail("$monitor_bindir/initdb", '-D', "$dir/monitor", '-A', 'trust', '-N');
@@ -184,12 +179,12 @@ create_node('node1');
 ok(wait_for_states('node1 single', node1 => 'single'), 'node1 runs as a single node');
 my $node1 = $nodes{node1};
 $node1->safe_psql('postgres', 'CREATE EXTENSION billguard');
-add_accounts($node1, $accounts);
+$node1->add_accounts($accounts);
 create_node('node2');
 ok(wait_for_states('node1 primary, node2 secondary', node1 => 'primary', node2 => 'secondary'),
 	'node2 joins as the secondary');
 my $node2 = $nodes{node2};
-is(billguard_processes($node2), '', 'nothing of billguard runs on the secondary');
+is($node2->billguard_processes, '', 'nothing of billguard runs on the secondary');
 
 # ---- billing under way, then perform failover ------------------------------------------------
 
@@ -198,18 +193,18 @@ for my $node ($node1, $node2) {
 		scheduler_conf(auto_bill => 'monthly', scheduler_now => '2031-09-01 00:00:05+00') . "\n");
 	$node->safe_psql('postgres', 'SELECT pg_reload_conf()');
 }
-ok(wait_for("the scheduler to bill $period", 60, sub { records_of($node1, $period) == $accounts }),
+ok(wait_until("the scheduler to bill $period", 60, sub { $node1->records_of($period) == $accounts }),
 	"node1's scheduler bills $period");
-ok(wait_for('a quarter of the period completed', 120, sub {
+ok(wait_until('a quarter of the period completed', 120, sub {
 	$node1->safe_psql('postgres', "SELECT count(*) FROM billguard.billing_records WHERE billing_period = '$period' AND status = 'completed'") >= $accounts / 4 }),
 	'a quarter of the period is completed on node1');
 
 autoctl('perform', 'failover', '--pgdata', "$dir/monitor", '--wait', '180');
 ok(wait_for_states('node2 primary, node1 secondary', node1 => 'secondary', node2 => 'primary'),
 	'perform failover: node2 is the primary, node1 the secondary');
-ok(wait_for('a dispatcher on node2', 60, sub { billguard_processes($node2) =~ /billguard dispatcher/ }),
+ok(wait_until('a dispatcher on node2', 60, sub { $node2->billguard_processes =~ /billguard dispatcher/ }),
 	'the dispatcher runs on the new primary');
-is(billguard_processes($node1), '', 'nothing of billguard runs on the demoted node1');
+is($node1->billguard_processes, '', 'nothing of billguard runs on the demoted node1');
 my $completed = sub {
 	my ($node) = @_;
 	return $node->safe_psql('postgres', "SELECT count(*) FROM billguard.billing_records WHERE billing_period = '$period' AND status = 'completed'");
@@ -219,7 +214,7 @@ cmp_ok($at_failover, '<', $accounts, 'the period was still under way at the fail
 
 # ---- kill -9 of the new primary's postmaster -------------------------------------------------
 
-ok(wait_for('node2 to complete more records', 120, sub { $completed->($node2) >= $at_failover + 20 }),
+ok(wait_until('node2 to complete more records', 120, sub { $completed->($node2) >= $at_failover + 20 }),
 	'node2 completes records of the period');
 my $postmaster = $node2->postmaster_pid;
 cmp_ok($completed->($node2), '<', $accounts, 'the period is still under way at the kill -9');
@@ -234,11 +229,11 @@ ok(poll_monitor('a primary with a dispatcher', 240, sub {
 	# A Postgres pg_autoctl has just restarted refuses connections for a
 	# moment ("starting up"): that is a reason to look again, not to die.
 	$primary && $primary->postmaster_pid != $postmaster
-	  && (eval { billguard_processes($primary) } // '') =~ /billguard dispatcher/;
+	  && (eval { $primary->billguard_processes } // '') =~ /billguard dispatcher/;
 }), 'after the kill -9 a primary runs a dispatcher again');
 note('primary after the kill -9: ' . ($primary ? $primary->name : 'none'));
 
-ok(wait_until_settled($primary, $period, 240), 'the period settles on the primary');
+ok($primary->wait_until_settled($period, 240), 'the period settles on the primary');
 billed_once($primary, $emulator, 'pg_auto_failover', $period, $accounts);
 
 stop_services();

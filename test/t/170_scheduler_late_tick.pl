@@ -19,14 +19,14 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(sleep);
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 use SchedulerScenario;
 
 my $accounts = 10;
 my $period = '2031-04';
 my $emulator = start_emulator();
-my $node = dispatch_node('late_tick_original', $emulator);
-add_accounts($node, $accounts);
+my $node = BillguardNode->dispatching('late_tick_original', $emulator);
+$node->add_accounts($accounts);
 
 # The backup, taken before the tick.
 my $dump = $node->basedir . '/before_tick.dump';
@@ -41,10 +41,10 @@ like($tick, qr/billed $period \(due 2031-05-01 00:00 UTC\): $accounts records cl
 	'on time: the scheduler bills 2031-04');
 unlike($tick, qr/search/, 'on time: the tick searches nothing first');
 billed_once($node, $emulator, 'on time', $period, $accounts);
-is(q1($node, qq{SELECT string_agg(DISTINCT event ->> 'action', ',') FROM billguard.journal
+is($node->q1(qq{SELECT string_agg(DISTINCT event ->> 'action', ',') FROM billguard.journal
 	WHERE event_type = 'ChargeAttempted' AND persistence_id LIKE 'billing-%-$period'}), 'charge',
 	'on time: every attempt was a plain charge');
-my $original = q1($node, qq{SELECT string_agg(customer_id || '=' || charge_id, ',' ORDER BY customer_id)
+my $original = $node->q1(qq{SELECT string_agg(customer_id || '=' || charge_id, ',' ORDER BY customer_id)
 	FROM billguard.billing_records WHERE billing_period = '$period'});
 is(scalar(@{ succeeded_charges($emulator) }), $accounts, "on time: the emulator holds $accounts charges");
 
@@ -52,15 +52,15 @@ is(scalar(@{ succeeded_charges($emulator) }), $accounts, "on time: the emulator 
 
 $emulator->configure(idempotency_ttl => 1);
 sleep 1.5;
-my $restored = dispatch_node('late_tick_restored', $emulator);
+my $restored = BillguardNode->dispatching('late_tick_restored', $emulator);
 $restored->safe_psql('postgres', 'DROP EXTENSION billguard; DROP SCHEMA billguard');    # a fresh cluster
 ($out, $err) = run_command([ 'pg_restore', '-d', $restored->connstr('postgres'), $dump ]);
 is($err, '', 'pg_restore of the backup reports no error');
-is(q1($restored, q{SELECT count(*) FROM billguard.accounts}), $accounts, 'the restored database has the accounts');
-is(records_of($restored, $period), '0', "the restored database knows nothing of $period\'s billing");
-is(q1($restored, 'SELECT billguard.key_namespace()'), q1($node, 'SELECT billguard.key_namespace()'),
+is($restored->q1(q{SELECT count(*) FROM billguard.accounts}), $accounts, 'the restored database has the accounts');
+is($restored->records_of($period), '0', "the restored database knows nothing of $period\'s billing");
+is($restored->q1('SELECT billguard.key_namespace()'), $node->q1('SELECT billguard.key_namespace()'),
 	'and the same key namespace');
-like(q1($restored, 'SELECT billguard.adopt_database()'), qr/^adopted/, 'the restored database is adopted');
+like($restored->q1('SELECT billguard.adopt_database()'), qr/^adopted/, 'the restored database is adopted');
 
 $offset = -s $restored->logfile;
 $restored->append_conf('postgresql.conf',
@@ -70,21 +70,21 @@ $tick = wait_for_tick($restored, $offset);
 like($tick,
 	qr/billed $period \(due 2031-05-01 00:00 UTC\): $accounts records claimed, 0 existed already; each is searched for at Stripe before any charge is sent: the scheduler claimed $period 2 days 00:00:05 after it became due \(2031-05-01 00:00 UTC\), past billguard.idempotency_window \(23h\)/,
 	'late: the tick logs that it searches first, and why');
-ok(wait_until_settled($restored, $period), "late: every record of $period settles");
+ok($restored->wait_until_settled($period), "late: every record of $period settles");
 is(scalar(@{ succeeded_charges($emulator) }), $accounts,
 	"late: still exactly $accounts charges at the emulator, one per customer, not " . 2 * $accounts);
 my ($wrong, $checked) = charged_once_each($restored, $emulator, $period);
 is($wrong, '', 'late: every record is completed with the one charge the emulator holds for its key');
 is($checked, $accounts, "late: $accounts records checked");
-is(q1($restored, qq{SELECT string_agg(customer_id || '=' || charge_id, ',' ORDER BY customer_id)
+is($restored->q1(qq{SELECT string_agg(customer_id || '=' || charge_id, ',' ORDER BY customer_id)
 	FROM billguard.billing_records WHERE billing_period = '$period'}), $original,
 	'late: each record carries the original charge');
-is(event_types($restored, 'cust_000001', $period, 'action'), 'BillingInitiated,ChargeAttempted(search),ChargeReconciled',
+is($restored->event_types('cust_000001', $period, 'action'), 'BillingInitiated,ChargeAttempted(search),ChargeReconciled',
 	'late: cust_000001 searched first and reconciled, sending no charge');
-is(q1($restored, qq{SELECT count(*) FROM billguard.journal
+is($restored->q1(qq{SELECT count(*) FROM billguard.journal
 	WHERE event_type = 'ChargeReconciled' AND persistence_id LIKE 'billing-%-$period'}), $accounts,
 	'late: every record was reconciled');
-is(q1($restored, qq{SELECT count(DISTINCT search_first_reason) || ' ' || count(search_first_reason)
+is($restored->q1(qq{SELECT count(DISTINCT search_first_reason) || ' ' || count(search_first_reason)
 	FROM billguard.billing_records WHERE billing_period = '$period'}), "1 $accounts",
 	'late: every record carries the reason');
 

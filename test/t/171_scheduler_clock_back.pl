@@ -15,18 +15,18 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(sleep);
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 use SchedulerScenario;
 
 my $accounts = 10;
 my $emulator = start_emulator(idempotency_ttl => 1);
-my $node = dispatch_node('scheduler_clock_back', $emulator);
-add_accounts($node, $accounts);
+my $node = BillguardNode->dispatching('scheduler_clock_back', $emulator);
+$node->add_accounts($accounts);
 
 # ---- the earlier system's charges for 2031-07 --------------------------------------------
 
 my @customers = map { sprintf('cust_%06d', $_) } 1 .. $accounts;
-my %july_key = map { ($_ => key_of($node, $_, '2031-07')) } @customers;
+my %july_key = map { ($_ => $node->key_of($_, '2031-07')) } @customers;
 for my $n (1 .. $accounts) {
 	my $customer = $customers[ $n - 1 ];
 	my $charged = $emulator->post_form('/v1/payment_intents',
@@ -57,15 +57,15 @@ like(wait_for_tick($node, $offset),
 	'at 2031-08-31 23:30 the calendar says 2031-07, which the scheduler does not bill');
 like(substr(slurp_file($node->logfile), $offset), qr/WARNING:  billguard scheduler: 2031-07 \(due 2031-08-01 00:00 UTC\) is not billed/,
 	'it says so as a WARNING');
-is(records_of($node, '2031-07'), '0', 'no record was claimed for 2031-07');
-is(ticks_issued($node, '2031-07'), '0', 'nor was 2031-07 issued');
+is($node->records_of('2031-07'), '0', 'no record was claimed for 2031-07');
+is($node->ticks_issued('2031-07'), '0', 'nor was 2031-07 issued');
 sleep 1;
 is($emulator->stats->{created}, $created, 'the emulator created nothing');
 is(july_charges(), $accounts, "still $accounts charges for 2031-07, not " . 2 * $accounts);
-is(q1($node, q{SELECT string_agg(billing_period || ':' || scheduled || ':' || issued_early, ',')
+is($node->q1(q{SELECT string_agg(billing_period || ':' || scheduled || ':' || issued_early, ',')
 	FROM billguard.due_periods()}), '2031-08:false:true',
 	'due_periods() lists only 2031-08, issued before its month ended by the clock now, and nothing to bill');
-is(q1($node, 'SELECT missed_periods || \',\' || next_bill_at FROM billguard.scheduler_status'),
+is($node->q1('SELECT missed_periods || \',\' || next_bill_at FROM billguard.scheduler_status'),
 	'0,2031-09-01 00:00:00+00', 'scheduler_status: nothing missed, the next instant is 2031-08\'s');
 
 # ---- the clock comes back ------------------------------------------------------------------

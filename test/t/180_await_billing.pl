@@ -1,4 +1,4 @@
-# await_billing (issue 7, "Answers for callers") against a real dispatcher
+# await_billing, the caller's wait for a billing's outcome, against a real dispatcher
 # and the Stripe emulator, on a server whose dispatcher polls once an hour
 # and whose callers wait up to an hour, so only a commit can answer them
 # within the test's patience:
@@ -20,16 +20,16 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use IPC::Run;
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 
 my $emulator = start_emulator();
-my $node = dispatch_node('await', $emulator, 'max_connections = 120', "billguard.poll_interval = '1h'");
-add_accounts($node, 3);
-my $key_file = q1($node, 'SHOW billguard.api_key_file');
+my $node = BillguardNode->dispatching('await', $emulator, 'max_connections = 120', "billguard.poll_interval = '1h'");
+$node->add_accounts(3);
+my $key_file = $node->q1('SHOW billguard.api_key_file');
 
 # Sessions asleep in await_billing's condition variable.
 sub sleeping_callers {
-	return q1($node, q{
+	return $node->q1(q{
 		SELECT count(*) FROM pg_stat_activity
 		 WHERE wait_event_type = 'Extension' AND query LIKE '%await_billing%' AND pid <> pg_backend_pid()});
 }
@@ -47,7 +47,7 @@ sub start_caller {
 # so a missed wake-up fails the test instead of hanging it for an hour.
 sub finish_callers {
 	my (@callers) = @_;
-	my $all_ended = wait_for('every caller to be answered', 60, sub {
+	my $all_ended = wait_until('every caller to be answered', 60, sub {
 		!grep { still_running($_->{handle}) } @callers });
 	for my $c (@callers) {
 		$c->{handle}->kill_kill(grace => 1) if $c->{handle}->pumpable;
@@ -57,30 +57,30 @@ sub finish_callers {
 }
 
 sub pause_dispatcher {
-	reload_with($node, api_key_file => '');
-	wait_for('the dispatcher to pause', 20, sub { q1($node, 'SELECT paused FROM billguard.dispatch_status') eq 't' })
+	$node->reload_with(api_key_file => '');
+	wait_until('the dispatcher to pause', 20, sub { $node->q1('SELECT paused FROM billguard.dispatch_status') eq 't' })
 	  or die 'the dispatcher did not pause';
 }
 
 # ---- 50 callers, one charge, one answer -------------------------------------------------
 
 pause_dispatcher();
-my $gate = start_gate($node);
+my $gate = $node->start_gate;
 my @racers = map {
-	race_psql($node, "SELECT status FROM billguard.bill_customer('cust_000001', '2026-08', 'req-$_')",
+	$node->race_psql("SELECT status FROM billguard.bill_customer('cust_000001', '2026-08', 'req-$_')",
 		q{SELECT status || '|' || coalesce(charge_id, '') FROM billguard.await_billing('cust_000001', '2026-08', '1 hour')})
 } 1 .. 50;
-release_gate($node, $gate, 50);
-ok(wait_for('50 callers asleep in await_billing', 60, sub { sleeping_callers() == 50 }),
+$node->release_gate($gate, 50);
+ok(wait_until('50 callers asleep in await_billing', 60, sub { sleeping_callers() == 50 }),
 	'all 50 callers wait, asleep in the condition variable (wait_event Extension)');
 # PostgreSQL 17 and later show billguard's own name for the wait.
 my $wait_event = $node->pg_version >= 17 ? 'BillguardTerminalCommit' : 'Extension';
-is(q1($node, q{
+is($node->q1(q{
 	SELECT string_agg(DISTINCT wait_event, ',') FROM pg_stat_activity
 	 WHERE query LIKE '%await_billing%' AND pid <> pg_backend_pid()}), $wait_event,
 	"pg_stat_activity names their wait $wait_event");
 is($emulator->stats->{requests} // 0, 0, 'nothing was sent while they waited: the dispatcher is paused');
-reload_with($node, api_key_file => $key_file);
+$node->reload_with(api_key_file => $key_file);
 ok(finish_callers(@racers), 'every caller is answered once the dispatcher resumes and commits');
 is(scalar(grep { $_->{handle}->result != 0 || $_->{err} ne '' } @racers), 0, 'no caller failed')
   or diag(join("\n", map { $_->{err} } grep { $_->{err} ne '' } @racers));
@@ -89,32 +89,32 @@ $claims{ (split /\n/, $_->{out})[0] // '' }++ for @racers;
 is_deeply(\%claims, { initiated => 1, in_progress => 49 }, 'bill_customer: one initiated, 49 in_progress');
 my %answers;
 $answers{ (split /\n/, $_->{out})[1] // '' }++ for @racers;
-my $key = key_of($node, 'cust_000001', '2026-08');
+my $key = $node->key_of('cust_000001', '2026-08');
 my $charges = succeeded_for_key($emulator, $key);
 is(scalar(@$charges), 1, 'the emulator holds exactly one charge for the key');
 is_deeply(\%answers, { 'completed|' . ($charges->[0]{id} // '?') => 50 },
 	'all 50 callers are answered completed with the id of that charge');
-is(record_of($node, 'cust_000001', '2026-08'), 'completed|' . ($charges->[0]{id} // '?') . '|1',
+is($node->record_of('cust_000001', '2026-08'), 'completed|' . ($charges->[0]{id} // '?') . '|1',
 	'the record holds the same charge, sent once');
 
 # ---- only a commit answers --------------------------------------------------------------
 
 pause_dispatcher();
-is(q1($node, "SELECT status FROM billguard.bill_customer('cust_000002', '2026-08')"), 'initiated',
+is($node->q1("SELECT status FROM billguard.bill_customer('cust_000002', '2026-08')"), 'initiated',
 	'cust_000002 claimed while the dispatcher is paused');
-my $commits = q1($node, "SELECT billguard.terminal_commits('cust_000002', '2026-08')");
+my $commits = $node->q1("SELECT billguard.terminal_commits('cust_000002', '2026-08')");
 my $caller = start_caller(
 	q{SELECT status || '|' || coalesce(charge_id, '') FROM billguard.await_billing('cust_000002', '2026-08', '1 hour')});
-ok(wait_for('the caller to sleep', 30, sub { sleeping_callers() == 1 }), 'the caller sleeps');
-q1($node, q{
+ok(wait_until('the caller to sleep', 30, sub { sleeping_callers() == 1 }), 'the caller sleeps');
+$node->q1(q{
 	BEGIN;
 	UPDATE billguard.billing_records SET status = 'completed', charge_id = 'pi_rolledback'
 	 WHERE customer_id = 'cust_000002' AND billing_period = '2026-08';
 	ROLLBACK;});
-is(q1($node, "SELECT billguard.terminal_commits('cust_000002', '2026-08')"), $commits,
+is($node->q1("SELECT billguard.terminal_commits('cust_000002', '2026-08')"), $commits,
 	'a terminal update that rolls back announces nothing');
 ok(still_running($caller->{handle}) && sleeping_callers() == 1, 'and the caller sleeps on');
-q1($node, q{
+$node->q1(q{
 	UPDATE billguard.billing_records SET status = 'completed', charge_id = 'pi_committed'
 	 WHERE customer_id = 'cust_000002' AND billing_period = '2026-08'});
 ok(finish_callers($caller), 'the same update committed answers the caller at once (its timeout is an hour)');
@@ -122,14 +122,14 @@ is($caller->{out}, "completed|pi_committed\n", 'with the committed status and ch
 
 # ---- timeout, cancel, statement_timeout -------------------------------------------------
 
-is(q1($node, "SELECT status FROM billguard.bill_customer('cust_000003', '2026-08')"), 'initiated',
+is($node->q1("SELECT status FROM billguard.bill_customer('cust_000003', '2026-08')"), 'initiated',
 	'cust_000003 claimed, the dispatcher still paused');
-is(q1($node, q{SELECT status || '|' || coalesce(charge_id, '') FROM billguard.await_billing('cust_000003', '2026-08', '1 s')}),
+is($node->q1(q{SELECT status || '|' || coalesce(charge_id, '') FROM billguard.await_billing('cust_000003', '2026-08', '1 s')}),
 	'in_progress|', 'the timeout passes: in_progress, no charge id');
 
 $caller = start_caller(q{SELECT * FROM billguard.await_billing('cust_000003', '2026-08', '1 hour')});
-ok(wait_for('the caller to sleep', 30, sub { sleeping_callers() == 1 }), 'a caller sleeps with an hour to go');
-is(q1($node, q{SELECT pg_cancel_backend(pid) FROM pg_stat_activity
+ok(wait_until('the caller to sleep', 30, sub { sleeping_callers() == 1 }), 'a caller sleeps with an hour to go');
+is($node->q1(q{SELECT pg_cancel_backend(pid) FROM pg_stat_activity
                 WHERE query LIKE '%await_billing%' AND pid <> pg_backend_pid()}), 't', 'pg_cancel_backend');
 ok(finish_callers($caller), 'the cancelled caller returns');
 like($caller->{err}, qr/ERROR:  canceling statement due to user request/, '... with 57014, canceled by user request');
@@ -138,7 +138,7 @@ $caller = start_caller(q{SET statement_timeout = '1s'},
 	q{SELECT * FROM billguard.await_billing('cust_000003', '2026-08', '1 hour')});
 ok(finish_callers($caller), 'a caller with statement_timeout = 1s returns');
 like($caller->{err}, qr/ERROR:  canceling statement due to statement timeout/, '... with 57014, statement timeout');
-is(status_of($node, 'cust_000003', '2026-08'), 'pending', 'neither changed the record');
+is($node->status_of('cust_000003', '2026-08'), 'pending', 'neither changed the record');
 
 # ---- where no commit could show a change -----------------------------------------------
 
@@ -159,16 +159,16 @@ my ($ret, $out, $err) = $node->psql('postgres', q{
 	SELECT status FROM billguard.await_billing('cust_000003', '2026-09', '1 hour');});
 like($err, qr/ERROR:  await_billing cannot wait: this transaction wrote the billing record of 'cust_000003' in 2026-09 and has not committed/,
 	'bill_customer (in a subtransaction) and await_billing in one transaction: refused, the claim is not committed');
-is(status_of($node, 'cust_000003', '2026-09'), '', 'and the claim rolled back with it');
+is($node->status_of('cust_000003', '2026-09'), '', 'and the claim rolled back with it');
 
 # ---- the paused record completes -------------------------------------------------------
 
 $caller = start_caller(
 	q{SELECT status || '|' || coalesce(charge_id, '') FROM billguard.await_billing('cust_000003', '2026-08', '1 hour')});
-ok(wait_for('the caller to sleep', 30, sub { sleeping_callers() == 1 }), 'a caller waits for cust_000003');
-reload_with($node, api_key_file => $key_file);
+ok(wait_until('the caller to sleep', 30, sub { sleeping_callers() == 1 }), 'a caller waits for cust_000003');
+$node->reload_with(api_key_file => $key_file);
 ok(finish_callers($caller), 'the dispatcher resumes: the caller is answered');
-my $charge = succeeded_for_key($emulator, key_of($node, 'cust_000003', '2026-08'));
+my $charge = succeeded_for_key($emulator, $node->key_of('cust_000003', '2026-08'));
 is($caller->{out}, 'completed|' . ($charge->[0]{id} // '?') . "\n", 'with the one charge the emulator holds');
 
 $node->stop;

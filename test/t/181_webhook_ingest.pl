@@ -1,4 +1,4 @@
-# ingest_stripe_event (issue 7, "Stripe webhooks") in SQL. Every signature
+# ingest_stripe_event, the Stripe webhooks' way into a record, in SQL. Every signature
 # is computed here by an independent implementation, OpenSSL's command line
 # (openssl dgst -sha256 -hmac), over "<t>.<payload>":
 #   - each event type against each record status: an unknown record is
@@ -25,15 +25,16 @@ use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use SecretFile qw(write_secret_file);
 use JSON::PP;
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 use StripeWebhook;
 
 my $secret = 'whsec_181ingestSecretAbcdefghij0123';
 my $old_secret = 'whsec_181previousSecret9876543210';
 my $secret_file;
-my $node = billguard_node('webhooks', sub {
+my $node = BillguardNode->preloaded('webhooks', sub {
 	my ($n) = @_;
 	$secret_file = $n->basedir . '/webhook.secret';
 	write_secret($secret);
@@ -41,7 +42,7 @@ my $node = billguard_node('webhooks', sub {
 		'log_statement = all');
 });
 
-sub write_secret { my ($content, $mode) = @_; write_webhook_secret($secret_file, $content, $mode) }
+sub write_secret { my ($content, $mode) = @_; write_secret_file($secret_file, $content, $mode) }
 
 # (exit code, result, stderr) of ingest_stripe_event($payload, $header).
 sub ingest {
@@ -67,16 +68,16 @@ sub event {
 	my $kind = $type =~ /^charge\./ ? 'charge' : 'payment_intent';
 	my %defaults = (id => ($kind eq 'charge' ? 'ch_' : 'pi_') . "181$customer", object => $kind,
 		amount => 1000 + substr($customer, -1), currency => 'usd', customer => "cus_00000$customer",
-		metadata => { billguard_key => key_of($node, "cust_00000$customer", '2026-08') });
+		metadata => { billguard_key => $node->key_of("cust_00000$customer", '2026-08') });
 	$defaults{payment_intent} = "pi_181$customer" if $kind eq 'charge';
 	return stripe_event(id => 'evt_181_' . ++$event_number, type => $type, object => { %defaults, %object });
 }
 
-sub record { my ($customer) = @_; return record_of($node, "cust_00000$customer", '2026-08') }
+sub record { my ($customer) = @_; return $node->record_of("cust_00000$customer", '2026-08') }
 
 # Everything an event could change.
 sub state_of_everything {
-	return q1($node, q{
+	return $node->q1(q{
 		SELECT (SELECT string_agg(customer_id || ':' || status || ':' || coalesce(charge_id, '') || ':'
 		                          || coalesce(last_error, ''), ' ' ORDER BY customer_id)
 		          FROM billguard.billing_records)
@@ -87,9 +88,9 @@ sub state_of_everything {
 # ---- records in every status --------------------------------------------------------
 
 # cust_000001..9 billed for 2026-08; amounts 1001..1009 (add_accounts gives 1000 + n % 500).
-add_accounts($node, 9);
-is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-08')"), '9', 'nine records claimed');
-q1($node, q{
+$node->add_accounts(9);
+is($node->q1("SELECT initiated FROM billguard.bill_period('2026-08')"), '9', 'nine records claimed');
+$node->q1(q{
 	UPDATE billguard.billing_records
 	   SET status = CASE right(customer_id, 1)
 	                  WHEN '1' THEN 'unknown' WHEN '2' THEN 'unknown' WHEN '3' THEN 'needs_review'
@@ -103,14 +104,14 @@ q1($node, q{
 
 is(deliver(event('payment_intent.succeeded', 1)), 'completed', 'unknown + payment_intent.succeeded: completed');
 is(record(1), 'completed|pi_1811|1', 'the unknown record is completed with the PaymentIntent');
-my $applied = events_of($node, 'cust_000001', '2026-08', 'WebhookApplied');
+my $applied = $node->events_of('cust_000001', '2026-08', 'WebhookApplied');
 is_deeply($applied, [ { event_id => 'evt_181_1', event_type => 'payment_intent.succeeded', object_id => 'pi_1811',
 	effect => 'completed', previous_status => 'unknown', charge_id => 'pi_1811' } ],
 	'journaled: WebhookApplied with the event, the effect, the previous status and the charge');
-is(q1($node, q{SELECT billguard.entity_state('billing-cust_000001-2026-08') ->> 'status'
+is($node->q1(q{SELECT billguard.entity_state('billing-cust_000001-2026-08') ->> 'status'
                || ' ' || (billguard.entity_state('billing-cust_000001-2026-08') ->> 'charge_id')}),
 	'completed pi_1811', 'entity_state folds it: completed with the charge');
-is(q1($node, q{SELECT event_type || ' ' || object_id || ' ' || effect || ' ' || customer_id || ' ' || billing_period
+is($node->q1(q{SELECT event_type || ' ' || object_id || ' ' || effect || ' ' || customer_id || ' ' || billing_period
                FROM billguard.stripe_events WHERE event_id = 'evt_181_1'}),
 	'payment_intent.succeeded pi_1811 completed cust_000001 2026-08', 'kept in stripe_events');
 
@@ -122,7 +123,7 @@ my $declined = event('payment_intent.payment_failed', 3, last_payment_error => {
 	code => 'card_declined', decline_code => 'generic_decline', message => 'Your card was declined.' });
 is(deliver($declined), 'failed', 'needs_review + payment_intent.payment_failed: failed');
 is(record(3), 'failed||1', 'the record failed, no charge');
-is(q1($node, "SELECT last_error FROM billguard.billing_records WHERE customer_id = 'cust_000003'"),
+is($node->q1("SELECT last_error FROM billguard.billing_records WHERE customer_id = 'cust_000003'"),
 	'webhook payment_intent.payment_failed card_declined/generic_decline: Your card was declined.',
 	'last_error says which event and why');
 
@@ -130,8 +131,8 @@ is(q1($node, "SELECT last_error FROM billguard.billing_records WHERE customer_id
 # attempt: cust_000003's 2026-09 request was declined two days ago
 # (pi_181old), the record was requeued, and its new attempt, sent with the
 # same key when Stripe may have forgotten it, got a cached 500.
-is(q1($node, "SELECT status FROM billguard.bill_customer('cust_000003', '2026-09')"), 'initiated', 'cust_000003 billed for 2026-09');
-q1($node, q{UPDATE billguard.billing_records SET status = 'unknown', attempts = 1, first_dispatched_at = now() - interval '2 days'
+is($node->q1("SELECT status FROM billguard.bill_customer('cust_000003', '2026-09')"), 'initiated', 'cust_000003 billed for 2026-09');
+$node->q1(q{UPDATE billguard.billing_records SET status = 'unknown', attempts = 1, first_dispatched_at = now() - interval '2 days'
              WHERE customer_id = 'cust_000003' AND billing_period = '2026-09';
             SELECT billguard.append_billing_event('cust_000003', '2026-09', 'ChargeAttempted',
               jsonb_build_object('attempt', 1, 'action', 'search', 'at', now()))});
@@ -139,12 +140,12 @@ sub declined_in_september {
 	my ($id, $created) = @_;
 	return stripe_event(id => "evt_181_$id", type => 'payment_intent.payment_failed', object => { id => $id,
 		object => 'payment_intent', amount => 1003, currency => 'usd', customer => 'cus_000003', created => $created,
-		metadata => { billguard_key => key_of($node, 'cust_000003', '2026-09') },
+		metadata => { billguard_key => $node->key_of('cust_000003', '2026-09') },
 		last_payment_error => { code => 'card_declined', message => 'Your card was declined.' } });
 }
 is(deliver(declined_in_september('pi_181old', time - 2 * 86400)), 'unchanged',
 	'unknown + a decline of a PaymentIntent created two days before the record\'s last attempt: unchanged');
-is(record_of($node, 'cust_000003', '2026-09'), 'unknown||1', 'the record is still unknown: its own request may have charged');
+is($node->record_of('cust_000003', '2026-09'), 'unknown||1', 'the record is still unknown: its own request may have charged');
 is(deliver(declined_in_september('pi_181new', time)), 'failed', 'a decline of one created since: failed');
 
 is(deliver(event('charge.failed', 4, failure_code => 'card_declined', failure_message => 'Your card was declined.')),
@@ -169,20 +170,20 @@ is(deliver(event('charge.refunded', 5, id => 'ch_1815', amount_refunded => 400, 
 is(record(5), 'completed|pi_1815|1', 'the record stays completed: the period was billed and is never billed again');
 is(deliver(event('charge.refunded', 5, id => 'ch_1815', amount_refunded => 1005, refunded => JSON::PP::true)),
 	'refunded', 'then fully refunded');
-is(q1($node, q{SELECT string_agg(effect || ' ' || amount_refunded_cents, ', ' ORDER BY received_at, event_id)
+is($node->q1(q{SELECT string_agg(effect || ' ' || amount_refunded_cents, ', ' ORDER BY received_at, event_id)
                FROM billguard.stripe_events WHERE customer_id = 'cust_000005' AND event_type = 'charge.refunded'}),
 	'refunded 400, refunded 1005', 'stripe_events holds both refunds with the amount refunded so far');
 is(join(' ', map { "$_->{amount_refunded_cents}:" . ($_->{fully_refunded} ? 'full' : 'part') }
-		@{ events_of($node, 'cust_000005', '2026-08', 'WebhookApplied') }[ -2, -1 ]),
+		@{ $node->events_of('cust_000005', '2026-08', 'WebhookApplied') }[ -2, -1 ]),
 	'400:part 1005:full', 'the journal says how much was refunded, and when fully');
-is(q1($node, q{SELECT (billguard.entity_state('billing-cust_000005-2026-08') ->> 'status') || ' '
+is($node->q1(q{SELECT (billguard.entity_state('billing-cust_000005-2026-08') ->> 'status') || ' '
                || (billguard.entity_state('billing-cust_000005-2026-08') ->> 'refunded_cents')}),
 	'completed 1005', 'entity_state: completed, 1005 cents refunded');
 is(deliver(event('charge.refunded', 5, id => 'ch_1815', amount_refunded => 700, refunded => JSON::PP::false)),
 	'refunded', 'a partial refund\'s event delivered after the full one (Stripe keeps no order): refunded');
-is(q1($node, q{SELECT billguard.entity_state('billing-cust_000005-2026-08') ->> 'refunded_cents'}), '1005',
+is($node->q1(q{SELECT billguard.entity_state('billing-cust_000005-2026-08') ->> 'refunded_cents'}), '1005',
 	'entity_state still says 1005 cents: an event delivered late never shrinks what was refunded');
-is(q1($node, "SELECT status FROM billguard.bill_customer('cust_000005', '2026-08')"), 'already_completed',
+is($node->q1("SELECT status FROM billguard.bill_customer('cust_000005', '2026-08')"), 'already_completed',
 	'bill_customer still answers already_completed: a refund never reopens the period');
 
 is(deliver(event('charge.failed', 6)), 'confirmed', 'failed + a failure: confirmed');
@@ -220,16 +221,16 @@ is(state_of_everything(), $before, 'and nothing changed');
 # 20 sessions deliver one event at the same instant.
 my $raced = event('payment_intent.succeeded', 4);
 my $raced_header = webhook_signature($raced, time, $secret);
-my $gate = start_gate($node);
+my $gate = $node->start_gate;
 my @racers = map {
-	race_psql($node, "SELECT billguard.ingest_stripe_event(\$evt\$$raced\$evt\$, '$raced_header')")
+	$node->race_psql("SELECT billguard.ingest_stripe_event(\$evt\$$raced\$evt\$, '$raced_header')")
 } 1 .. 20;
-release_gate($node, $gate, 20);
+$node->release_gate($gate, 20);
 finish_race(@racers);
 my %answers;
 $answers{ $_->{out} =~ s/\n//r }++ for @racers;
 is_deeply(\%answers, { completed => 1, already_seen => 19 }, '20 concurrent deliveries: applied once, 19 already seen');
-is(q1($node, q{SELECT count(*) FROM billguard.journal
+is($node->q1(q{SELECT count(*) FROM billguard.journal
                WHERE persistence_id = 'billing-cust_000004-2026-08' AND event_type = 'WebhookApplied'
                  AND event ->> 'effect' = 'completed'}), '1', 'one WebhookApplied for it');
 is(record(4), 'completed|pi_1814|1', 'the dispatching record is completed by it');
@@ -313,7 +314,7 @@ is(state_of_everything(), $before, 'and nothing is kept of them');
 
 my $log = slurp_file($node->logfile);
 unlike($log, qr/\Q$secret\E|\Q$old_secret\E/, 'neither secret is in the server log (log_statement = all, debug1)');
-q1($node, 'CREATE ROLE t181_reader LOGIN');
+$node->q1('CREATE ROLE t181_reader LOGIN');
 ($rc, $out, $err) = $node->psql('postgres', 'SHOW billguard.webhook_secret_file', extra_params => [ '-U', 't181_reader' ]);
 # 16 reworded it: "permission denied to examine" (15: "must be superuser or
 # have privileges of pg_read_all_settings to examine").
@@ -336,16 +337,16 @@ write_secret('sk_test_not_a_webhook_secret');
 like($err, qr/ERROR:  Stripe webhooks cannot be verified: billguard.webhook_secret_file does not hold a webhook signing secret \(whsec_...\)/,
 	'a file holding something else: refused');
 write_secret($secret);
-is(q1($node, q{SELECT count(*) FROM billguard.stripe_events e WHERE row_to_json(e)::text ~ 'whsec_'}), '0',
+is($node->q1(q{SELECT count(*) FROM billguard.stripe_events e WHERE row_to_json(e)::text ~ 'whsec_'}), '0',
 	'no secret in stripe_events');
 
 # ---- kept with the history -------------------------------------------------------------------
 
-is(q1($node, q{SELECT 'billguard.stripe_events'::regclass = ANY (extconfig) FROM pg_extension WHERE extname = 'billguard'}),
+is($node->q1(q{SELECT 'billguard.stripe_events'::regclass = ANY (extconfig) FROM pg_extension WHERE extname = 'billguard'}),
 	't', 'stripe_events is dumped with its rows (pg_extension_config_dump)');
-my $events = q1($node, 'SELECT count(*) FROM billguard.stripe_events');
-q1($node, q{UPDATE billguard.billing_records SET status = 'failed' WHERE status IN ('pending', 'dispatching', 'unknown')});
-like(q1($node, q{SELECT string_agg(archived_table || '=' || row_count, ' ') FROM billguard.archive_history('t181_archive')}),
+my $events = $node->q1('SELECT count(*) FROM billguard.stripe_events');
+$node->q1(q{UPDATE billguard.billing_records SET status = 'failed' WHERE status IN ('pending', 'dispatching', 'unknown')});
+like($node->q1(q{SELECT string_agg(archived_table || '=' || row_count, ' ') FROM billguard.archive_history('t181_archive')}),
 	qr/t181_archive\.stripe_events=$events/, "archive_history moves stripe_events with its $events rows");
 ($rc, $out, $err) = $node->psql('postgres', 'DELETE FROM t181_archive.stripe_events');
 like($err, qr/t181_archive\.stripe_events is archived billing history: DELETE refused/, 'read-only there');

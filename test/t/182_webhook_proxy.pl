@@ -1,4 +1,4 @@
-# billguard-proxy's POST /webhooks/stripe (issue 7, "Stripe webhooks"):
+# billguard-proxy's POST /webhooks/stripe, Stripe's webhook endpoint:
 # Stripe's deliveries, signed here by openssl, reach ingest_stripe_event in
 # the billing database through a role holding only the webhook grants of
 # docs/privileges.md, with no vault key:
@@ -18,30 +18,31 @@ use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use SecretFile qw(write_secret_file);
 use IPC::Run;
 use JSON::PP;
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 use ProxyHarness;
 use StripeWebhook;
 
 my $secret = 'whsec_182proxySecretAbcdefghij0123';
 my $secret_file;
-my $node = billguard_node('webhook_proxy', sub {
+my $node = BillguardNode->preloaded('webhook_proxy', sub {
 	my ($n) = @_;
-	$secret_file = write_webhook_secret($n->basedir . '/webhook.secret', $secret);
+	$secret_file = write_secret_file($n->basedir . '/webhook.secret', $secret);
 	return ("billguard.webhook_secret_file = '$secret_file'");
 });
-add_accounts($node, 3);
-is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-08')"), '3', 'three records claimed');
-q1($node, q{UPDATE billguard.billing_records SET status = 'unknown', attempts = 1, first_dispatched_at = now()});
+$node->add_accounts(3);
+is($node->q1("SELECT initiated FROM billguard.bill_period('2026-08')"), '3', 'three records claimed');
+$node->q1(q{UPDATE billguard.billing_records SET status = 'unknown', attempts = 1, first_dispatched_at = now()});
 
 # The webhook role, with exactly the grants of docs/privileges.md.
 my $doc = slurp_file("$ENV{BILLGUARD_ROOT}/docs/privileges.md");
 my ($grants) = $doc =~ /^## The grants\n.*?^```sql\n(.*?)^```\n/ms;
 my ($webhook_grants) = ($grants // '') =~ /^(GRANT USAGE ON SCHEMA billguard TO billing_webhooks;.*?TO billing_webhooks;\n)/ms;
 ok(defined $webhook_grants, 'docs/privileges.md lists the billing_webhooks grants');
-q1($node, "CREATE ROLE billing_webhooks LOGIN; $webhook_grants");
+$node->q1("CREATE ROLE billing_webhooks LOGIN; $webhook_grants");
 my $webhook_db = $node->connstr('postgres') . ' user=billing_webhooks';
 
 my $emulator = start_emulator();
@@ -62,10 +63,10 @@ sub succeeded {
 	my ($customer, %extra) = @_;
 	return stripe_event(id => 'evt_182_' . ++$n, type => 'payment_intent.succeeded', %extra,
 		object => { id => "pi_182$customer", object => 'payment_intent', amount => 1000 + $customer, currency => 'usd',
-			customer => "cus_00000$customer", status => 'succeeded', metadata => { billguard_key => key_of($node, "cust_00000$customer", '2026-08') } });
+			customer => "cus_00000$customer", status => 'succeeded', metadata => { billguard_key => $node->key_of("cust_00000$customer", '2026-08') } });
 }
 sub everything {
-	return q1($node, q{SELECT string_agg(customer_id || ':' || status || ':' || coalesce(charge_id, ''), ' ' ORDER BY customer_id)
+	return $node->q1(q{SELECT string_agg(customer_id || ':' || status || ':' || coalesce(charge_id, ''), ' ' ORDER BY customer_id)
 	                     || ' journal=' || (SELECT count(*) FROM billguard.journal)
 	                     || ' events=' || (SELECT count(*) FROM billguard.stripe_events)
 	                  FROM billguard.billing_records});
@@ -77,7 +78,7 @@ my $first = succeeded(1);
 my $response = signed($first);
 is(answer($response), '200 completed', 'a signed delivery: 200, applied (completed)');
 is_deeply($response->{json}, { received => JSON::PP::true, result => 'completed' }, 'the body says so');
-is(record_of($node, 'cust_000001', '2026-08'), 'completed|pi_1821|1', 'the unknown record is completed through the proxy');
+is($node->record_of('cust_000001', '2026-08'), 'completed|pi_1821|1', 'the unknown record is completed through the proxy');
 is(answer(signed($first)), '200 already_seen', 'the same delivery again: 200 already_seen');
 
 # Bytes a JSON-aware intermediary would rewrite: the signature covers them as sent.
@@ -110,14 +111,14 @@ is(everything(), $before, 'none of them changed anything');
 
 # ---- the database cannot verify: 500, Stripe retries ------------------------------------
 
-write_webhook_secret($secret_file, $secret, 0644);
+write_secret_file($secret_file, $secret, 0644);
 $r = signed($third);
 is($r->{status}, 500, 'a webhook secret file others may read: 500, so Stripe delivers it again');
 like($r->{json}{error}{message}, qr/^the webhook could not be applied \(SQLSTATE 55000\)/, '... naming the SQLSTATE');
 like($proxy->log_text, qr/billguard-proxy: a Stripe webhook could not be applied: Stripe webhooks cannot be verified: billguard.webhook_secret_file has group or world access/,
 	'the proxy\'s log says why');
 unlike($proxy->log_text . $r->{content}, qr/\Q$secret\E|\Q$secret_file\E/, 'neither the secret nor its path is in the log or the answer');
-write_webhook_secret($secret_file, $secret);
+write_secret_file($secret_file, $secret);
 is(answer(signed($third)), '200 completed', 'the file fixed, Stripe\'s retry is applied');
 
 # ---- the database down: 503, then the same process applies the retry ---------------------
@@ -127,10 +128,10 @@ my $retried = succeeded(3, id => 'evt_182_retried');
 $node->stop('fast');
 is(answer(signed($retried)), '503 database_unavailable', 'the billing database down: 503');
 $node->start;
-ok(wait_for('the proxy to reach the database again', 30, sub { signed($retried)->{status} == 200 }),
+ok(wait_until('the proxy to reach the database again', 30, sub { signed($retried)->{status} == 200 }),
 	'once it is back, the retry is answered 200');
 is($proxy->pid, $pid, 'by the same proxy process');
-is(q1($node, q{SELECT effect FROM billguard.stripe_events WHERE event_id = 'evt_182_retried'}), 'confirmed',
+is($node->q1(q{SELECT effect FROM billguard.stripe_events WHERE event_id = 'evt_182_retried'}), 'confirmed',
 	'and applied once');
 like($proxy->request('GET', '/metrics', undef)->{content}, qr/billguard_proxy_requests_total\{decision="webhook",status="200"\} \d+/,
 	'deliveries are counted in the metrics');
@@ -145,8 +146,8 @@ my ($held_out, $held_err) = ('', '');
 my $holder = IPC::Run::start([ 'psql', '-XAtq', '-d', $node->connstr('postgres') . ' application_name=t182_holder', '-c',
 	q{SELECT 1 FROM billguard.billing_records WHERE customer_id = 'cust_000002' FOR UPDATE; SELECT pg_sleep(600)} ],
 	'>', \$held_out, '2>', \$held_err);
-ok(wait_for('the lock holder', 30, sub {
-	q1($node, q{SELECT count(*) FROM pg_stat_activity WHERE application_name = 't182_holder' AND wait_event = 'PgSleep'}) eq '1' }),
+ok(wait_until('the lock holder', 30, sub {
+	$node->q1(q{SELECT count(*) FROM pg_stat_activity WHERE application_name = 't182_holder' AND wait_event = 'PgSleep'}) eq '1' }),
 	'another session holds cust_000002\'s record locked');
 sub signed_to {
 	my ($p, $body) = @_;
@@ -160,14 +161,14 @@ like($narrow->log_text, qr/billguard-proxy: a Stripe webhook could not be applie
 	'the proxy\'s log says which record is locked');
 is(answer(signed_to($narrow, succeeded(3, id => 'evt_182_unlocked'))), '200 confirmed',
 	'the connection it used serves the next delivery, for another record');
-q1($node, q{SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 't182_holder'});
+$node->q1(q{SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 't182_holder'});
 $holder->finish;
 is(answer(signed_to($narrow, $locked)), '200 confirmed', 'the lock released, Stripe\'s retry is applied');
 $narrow->stop;
 
 # ---- grants and configuration ---------------------------------------------------------------
 
-q1($node, 'CREATE ROLE t182_usage_only LOGIN; GRANT USAGE ON SCHEMA billguard TO t182_usage_only; CREATE ROLE t182_nothing LOGIN');
+$node->q1('CREATE ROLE t182_usage_only LOGIN; GRANT USAGE ON SCHEMA billguard TO t182_usage_only; CREATE ROLE t182_nothing LOGIN');
 for my $case ([ 't182_usage_only', qr/^billguard-proxy: role t182_usage_only may not call billguard\.ingest_stripe_event\(text, text\) in --webhook-database postgres: grant what the README's Privileges list$/m ],
               [ 't182_nothing', qr/^billguard-proxy: --webhook-database: permission denied for schema billguard: grant what the README's Privileges list$/m ]) {
 	my ($role, $expected) = @$case;

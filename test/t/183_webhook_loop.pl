@@ -1,4 +1,4 @@
-# The real webhook loop (issue 7, "Stripe webhooks"): the Stripe emulator
+# The real webhook loop: the Stripe emulator
 # signs and delivers its webhooks to billguard-proxy's POST /webhooks/stripe,
 # which passes them to ingest_stripe_event in the billing database, while
 # the dispatcher charges the emulator:
@@ -16,20 +16,21 @@ use warnings;
 use File::Temp qw(tempdir);
 use PostgreSQL::Test::Utils;
 use Test::More;
+use SecretFile qw(write_secret_file);
 use IPC::Run;
 use JSON::PP;
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 use ProxyHarness;
 use StripeWebhook;
 
 my $secret = 'whsec_183loopSecretAbcdefghij01234';
-my $secret_file = write_webhook_secret(tempdir(CLEANUP => 1) . '/webhook.secret', $secret);
+my $secret_file = write_secret_file(tempdir(CLEANUP => 1) . '/webhook.secret', $secret);
 my $emulator = start_emulator();
-my $node = dispatch_node('webhook_loop', $emulator, "billguard.webhook_secret_file = '$secret_file'",
+my $node = BillguardNode->dispatching('webhook_loop', $emulator, "billguard.webhook_secret_file = '$secret_file'",
 	"billguard.search_settle_delay = '1h'");
-add_accounts($node, 4);
-q1($node, 'CREATE ROLE billing_webhooks LOGIN; GRANT USAGE ON SCHEMA billguard TO billing_webhooks; '
+$node->add_accounts(4);
+$node->q1('CREATE ROLE billing_webhooks LOGIN; GRANT USAGE ON SCHEMA billguard TO billing_webhooks; '
 	. 'GRANT EXECUTE ON FUNCTION billguard.ingest_stripe_event(text, text) TO billing_webhooks');
 my $proxy = ProxyHarness->start(conninfo => $node->connstr('postgres'), upstream => $emulator,
 	args => [ '--webhook-database', $node->connstr('postgres') . ' user=billing_webhooks' ]);
@@ -41,42 +42,42 @@ sub webhooks { return $emulator->control(GET => '/_emulator/webhooks')->{json} }
 sub hold { my ($on) = @_; $emulator->control(POST => '/_emulator/webhooks', { hold => $on ? JSON::PP::true : JSON::PP::false }) }
 sub all_delivered {
 	my ($what) = @_;
-	return wait_for($what, 60, sub { my $w = webhooks(); @{ $w->{deliveries} } && $w->{pending} == 0 });
+	return wait_until($what, 60, sub { my $w = webhooks(); @{ $w->{deliveries} } && $w->{pending} == 0 });
 }
 sub effects {
 	my ($customer) = @_;
-	return q1($node, qq{SELECT string_agg(event_type || '=' || effect, ' ' ORDER BY received_at, event_id)
+	return $node->q1(qq{SELECT string_agg(event_type || '=' || effect, ' ' ORDER BY received_at, event_id)
 	                     FROM billguard.stripe_events WHERE customer_id = '$customer'});
 }
 
 # ---- an unknown record, resolved by the webhook before any search -----------------------
 
 $emulator->add_fault(kind => 'status', status => 500, count => 1);
-is(bill($node, 'cust_000001', '2026-08'), 'initiated', 'cust_000001 billed');
-ok(wait_for('the record to be unknown', 30, sub { status_of($node, 'cust_000001', '2026-08') eq 'unknown' }),
+is($node->bill('cust_000001', '2026-08'), 'initiated', 'cust_000001 billed');
+ok(wait_until('the record to be unknown', 30, sub { $node->status_of('cust_000001', '2026-08') eq 'unknown' }),
 	'the emulator answered 500 (having charged): the record is unknown');
-my $key = key_of($node, 'cust_000001', '2026-08');
+my $key = $node->key_of('cust_000001', '2026-08');
 my $charges = succeeded_for_key($emulator, $key);
 is(scalar(@$charges), 1, 'the emulator holds one charge for the key');
 my $waiter = { out => '', err => '' };
 $waiter->{handle} = IPC::Run::start([ 'psql', '-XAtq', '-d', $node->connstr('postgres'), '-c',
 	q{SELECT status || '|' || charge_id FROM billguard.await_billing('cust_000001', '2026-08', '1 hour')} ],
 	'>', \$waiter->{out}, '2>', \$waiter->{err});
-ok(wait_for('the caller to wait', 30, sub {
-	q1($node, q{SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Extension' AND query LIKE '%await_billing%'}) eq '1' }),
+ok(wait_until('the caller to wait', 30, sub {
+	$node->q1(q{SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Extension' AND query LIKE '%await_billing%'}) eq '1' }),
 	'a caller waits in await_billing');
 my $requests = $emulator->stats->{requests};
 hold(0);
 ok(all_delivered('the webhooks to be delivered'), 'released, every webhook is delivered (2xx from the proxy)');
-is(record_of($node, 'cust_000001', '2026-08'), "completed|$charges->[0]{id}|1",
+is($node->record_of('cust_000001', '2026-08'), "completed|$charges->[0]{id}|1",
 	'the webhook completed the record with the emulator\'s charge');
-is(event_types($node, 'cust_000001', '2026-08', 'effect'),
+is($node->event_types('cust_000001', '2026-08', 'effect'),
 	'BillingInitiated,ChargeAttempted,ChargeUnknown,WebhookApplied(completed),WebhookApplied(confirmed)',
 	'journal: the 500, then payment_intent.succeeded completed it and charge.succeeded confirmed it');
 is(effects('cust_000001'), 'payment_intent.succeeded=completed charge.succeeded=confirmed',
 	'stripe_events holds both (payment_intent.created is ignored)');
 is($emulator->stats->{requests}, $requests, 'the dispatcher sent nothing more: no search, no second charge');
-ok(wait_for('the waiting caller', 30, sub { !still_running($waiter->{handle}) }),
+ok(wait_until('the waiting caller', 30, sub { !still_running($waiter->{handle}) }),
 	'the caller in await_billing is answered by the webhook\'s commit');
 $waiter->{handle}->finish;
 is($waiter->{out}, "completed|$charges->[0]{id}\n", '... with the charge');
@@ -85,8 +86,8 @@ is($waiter->{out}, "completed|$charges->[0]{id}\n", '... with the charge');
 
 $emulator->control(POST => '/_emulator/webhooks', { duplicate => 2, hold => JSON::PP::true });
 my $delivered_before = scalar @{ webhooks()->{deliveries} };
-is(bill($node, 'cust_000002', '2026-08'), 'initiated', 'cust_000002 billed, its webhooks held');
-ok(wait_until_settled($node, '2026-08'), 'the dispatcher completes it');
+is($node->bill('cust_000002', '2026-08'), 'initiated', 'cust_000002 billed, its webhooks held');
+ok($node->wait_until_settled('2026-08'), 'the dispatcher completes it');
 hold(0);
 ok(all_delivered('the triplicated webhooks'), 'released: every delivery answered 2xx');
 my %copies;
@@ -98,7 +99,7 @@ $emulator->control(POST => '/_emulator/webhooks', { duplicate => 0 });
 my ($old) = grep { $_->{type} eq 'payment_intent.succeeded' } @{ webhooks()->{deliveries} };
 $emulator->control(POST => '/_emulator/webhooks/resend', { event_id => $old->{event_id} });
 ok(all_delivered('the resent event'), 'an old event resent: answered 2xx (already seen)');
-is(q1($node, 'SELECT count(*) FROM billguard.stripe_events'), '4', 'nothing new was applied');
+is($node->q1('SELECT count(*) FROM billguard.stripe_events'), '4', 'nothing new was applied');
 
 # ---- a refund after completion -------------------------------------------------------------
 
@@ -108,32 +109,32 @@ is($emulator->control(POST => '/_emulator/refunds', { id => $pi, amount => 300 }
 ok(all_delivered('charge.refunded'), 'charge.refunded delivered');
 is($emulator->control(POST => '/_emulator/refunds', { id => $pi })->{status}, 200, 'then the rest');
 ok(all_delivered('the second charge.refunded'), 'delivered');
-is(q1($node, q{SELECT string_agg(effect || ' ' || amount_refunded_cents, ', ' ORDER BY received_at)
+is($node->q1(q{SELECT string_agg(effect || ' ' || amount_refunded_cents, ', ' ORDER BY received_at)
                FROM billguard.stripe_events WHERE customer_id = 'cust_000001' AND event_type = 'charge.refunded'}),
 	'refunded 300, refunded 1001', 'both refunds are recorded with the amount refunded so far');
-is(record_of($node, 'cust_000001', '2026-08'), "completed|$pi|1", 'the record stays completed with its charge');
-is(q1($node, q{SELECT billguard.entity_state('billing-cust_000001-2026-08') ->> 'refunded_cents'}), '1001',
+is($node->record_of('cust_000001', '2026-08'), "completed|$pi|1", 'the record stays completed with its charge');
+is($node->q1(q{SELECT billguard.entity_state('billing-cust_000001-2026-08') ->> 'refunded_cents'}), '1001',
 	'entity_state: 1001 cents refunded');
-is(q1($node, "SELECT status FROM billguard.bill_customer('cust_000001', '2026-08')"), 'already_completed',
+is($node->q1("SELECT status FROM billguard.bill_customer('cust_000001', '2026-08')"), 'already_completed',
 	'the period is never billed again');
 
 # ---- kill -9 of the proxy with deliveries pending ------------------------------------------------
 
 hold(1);
 $emulator->add_fault(kind => 'status', status => 500, count => 1);
-is(bill($node, 'cust_000003', '2026-08'), 'initiated', 'cust_000003 billed behind another 500');
-ok(wait_for('the record to be unknown', 30, sub { status_of($node, 'cust_000003', '2026-08') eq 'unknown' }),
+is($node->bill('cust_000003', '2026-08'), 'initiated', 'cust_000003 billed behind another 500');
+ok(wait_until('the record to be unknown', 30, sub { $node->status_of('cust_000003', '2026-08') eq 'unknown' }),
 	'unknown, its webhooks held');
 $proxy->stop('KILL');
 hold(0);
-ok(wait_for('deliveries to fail against the dead proxy', 30, sub {
+ok(wait_until('deliveries to fail against the dead proxy', 30, sub {
 	grep { $_->{attempts} >= 2 && !$_->{delivered} } @{ webhooks()->{deliveries} } }),
 	'with the proxy killed, the emulator retries its deliveries');
-is(status_of($node, 'cust_000003', '2026-08'), 'unknown', 'and the record is still unknown');
+is($node->status_of('cust_000003', '2026-08'), 'unknown', 'and the record is still unknown');
 $proxy->restart;
 ok(all_delivered('the retried webhooks'), 'the proxy restarted, every delivery is answered 2xx');
-my $charge3 = succeeded_for_key($emulator, key_of($node, 'cust_000003', '2026-08'));
-is(record_of($node, 'cust_000003', '2026-08'), "completed|$charge3->[0]{id}|1",
+my $charge3 = succeeded_for_key($emulator, $node->key_of('cust_000003', '2026-08'));
+is($node->record_of('cust_000003', '2026-08'), "completed|$charge3->[0]{id}|1",
 	'the record is completed with the emulator\'s charge');
 is(effects('cust_000003'), 'payment_intent.succeeded=completed charge.succeeded=confirmed', 'each event applied once');
 

@@ -22,10 +22,10 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(sleep time);
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 
 my $emulator = start_emulator();
-my $node = dispatch_node('database_settings', $emulator, "billguard.database = 'billing'");
+my $node = BillguardNode->dispatching('database_settings', $emulator, "billguard.database = 'billing'");
 # The test's own sessions override what ALTER DATABASE sets for billing.
 $ENV{PGOPTIONS} = '-c role=none -c enable_indexscan=on -c statement_timeout=0 -c default_transaction_read_only=off'
   . ' -c default_transaction_isolation=read\ committed';
@@ -36,7 +36,7 @@ sub dispatcher { return qb(q{SELECT coalesce(worker_pid, 0) FROM billguard.dispa
 sub restart_dispatcher {
 	my $old = dispatcher();
 	kill('TERM', $old) if $old;
-	return wait_for('a new dispatcher', 30, sub { my $pid = dispatcher(); $pid && $pid != $old });
+	return wait_until('a new dispatcher', 30, sub { my $pid = dispatcher(); $pid && $pid != $old });
 }
 sub log_after { my ($offset) = @_; return substr(slurp_file($node->logfile), $offset) }
 
@@ -46,7 +46,7 @@ qb(q{INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents,
 	SELECT 'cust_' || g, 'cus_' || g, 1000 + g, 'usd', 'pm_card_visa' FROM generate_series(1, 400) g});
 # A history to plan against: what earlier periods left.
 qb(q{DO $$BEGIN FOR p IN 1..10 LOOP PERFORM billguard.bill_period('2030-' || lpad(p::text, 2, '0')); END LOOP; END$$});
-ok(wait_for('the history to settle', 120, sub {
+ok(wait_until('the history to settle', 120, sub {
 	qb(q{SELECT count(*) FROM billguard.billing_records WHERE status <> 'completed'}) eq '0' }),
 	'4,000 records of earlier periods settle');
 
@@ -55,7 +55,7 @@ sub seconds_to_bill {
 	my ($period, $timeout) = @_;
 	my $start = time;
 	is(qb("SELECT initiated FROM billguard.bill_period('$period')"), '400', "$period: 400 records claimed");
-	my $settled = wait_for("$period settled", $timeout, sub {
+	my $settled = wait_until("$period settled", $timeout, sub {
 		qb("SELECT count(*) FROM billguard.billing_records WHERE billing_period = '$period' AND status <> 'completed'") eq '0' });
 	return $settled ? time - $start : undef;
 }
@@ -94,7 +94,7 @@ as_owner('ALTER DATABASE billing RESET ALL');
 
 as_owner(q{ALTER DATABASE billing SET default_transaction_read_only = on});
 ok(restart_dispatcher(), 'read-only: a dispatcher connects to the database made read-only');
-ok(wait_for('the dispatcher to wait', 30, sub {
+ok(wait_until('the dispatcher to wait', 30, sub {
 	qb(q{SELECT paused AND pause_reason LIKE 'this database is read-only%' FROM billguard.dispatch_status}) eq 't' }),
 	'read-only: it waits, and dispatch_status says why');
 my $waiting = dispatcher();
@@ -104,7 +104,7 @@ is(qb(q{SELECT count(*) FROM billguard.billing_records WHERE billing_period = '2
 	'0', 'read-only: nothing of it is sent');
 as_owner(q{ALTER DATABASE billing RESET default_transaction_read_only});
 $node->safe_psql('postgres', 'SELECT pg_reload_conf()');
-ok(wait_for('2031-04 settled', 60, sub {
+ok(wait_until('2031-04 settled', 60, sub {
 	qb(q{SELECT count(*) FROM billguard.billing_records WHERE billing_period = '2031-04' AND status <> 'completed'}) eq '0' }),
 	'read-only: lifted with ALTER DATABASE ... RESET and a reload, the records are charged');
 is(dispatcher(), $waiting, 'read-only: by the dispatcher that waited');
@@ -115,14 +115,14 @@ qb('ALTER FUNCTION billguard.requeue_abandoned() RENAME TO requeue_abandoned_els
 my $old = dispatcher();
 kill('TERM', $old);
 my $reason = '';
-ok(wait_for('dispatch_status to report the failure', 30, sub {
+ok(wait_until('dispatch_status to report the failure', 30, sub {
 	$reason = qb(q{SELECT coalesce(not_served_reason, '') FROM billguard.dispatch_status});
 	$reason =~ /function billguard\.requeue_abandoned\(\) does not exist/ }),
 	'a failure: dispatch_status reports the error that ends every start');
 like($reason, qr/^the dispatcher failed at its start or in its loop \(\d+ times in a row, the last at .*\): .*; the launcher starts it again every 2 s$/,
 	'a failure: and that the launcher keeps trying');
 qb('ALTER FUNCTION billguard.requeue_abandoned_elsewhere() RENAME TO requeue_abandoned');
-ok(wait_for('a dispatcher to run again', 30, sub {
+ok(wait_until('a dispatcher to run again', 30, sub {
 	qb(q{SELECT worker_running AND not_served_reason IS NULL FROM billguard.dispatch_status}) eq 't' }),
 	'a failure: once the cause is gone, a dispatcher runs and nothing is reported');
 ok(defined seconds_to_bill('2031-05', 60), 'a failure: and bills');

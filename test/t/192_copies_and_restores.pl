@@ -30,19 +30,19 @@ use Test::More;
 use IPC::Run;
 use Time::HiRes qw(sleep time);
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 use SchedulerScenario;
 
 my $accounts = 1000;
 my $emulator = start_emulator();
-my $node = dispatch_node('copies_and_restores', $emulator, "billguard.database = 'billing'");
-q1($node, 'DROP EXTENSION billguard');    # billing is the one database that bills
+my $node = BillguardNode->dispatching('copies_and_restores', $emulator, "billguard.database = 'billing'");
+$node->q1('DROP EXTENSION billguard');    # billing is the one database that bills
 
 sub qd { my ($database, $sql) = @_; return $node->safe_psql($database, $sql) }
 # Waits until $database holds $records records of $period, each completed.
 sub settled {
 	my ($database, $period, $records) = @_;
-	return wait_for("$database $period settled", 60, sub {
+	return wait_until("$database $period settled", 60, sub {
 		qd($database, "SELECT count(*) || '/' || count(*) FILTER (WHERE status = 'completed')"
 			. " FROM billguard.billing_records WHERE billing_period = '$period'") eq "$records/$records" });
 }
@@ -54,7 +54,7 @@ sub requests_for_database {
 
 # ---- billing's history --------------------------------------------------------------
 
-q1($node, 'CREATE DATABASE billing');
+$node->q1('CREATE DATABASE billing');
 qd('billing', 'CREATE EXTENSION billguard');
 qd('billing', qq{INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method)
 	SELECT 'cust_' || lpad(g::text, 4, '0'), 'cus_' || g, 1000 + g, 'usd', 'pm_card_visa' FROM generate_series(1, $accounts) g});
@@ -72,7 +72,7 @@ my $script = $node->basedir . '/billing.sql';
 is($err, '', 'and its SQL script');
 
 # billing is retired; every other database is served, and 2031-08 is due.
-q1($node, 'ALTER DATABASE billing ALLOW_CONNECTIONS false');
+$node->q1('ALTER DATABASE billing ALLOW_CONNECTIONS false');
 my $offset = set_scheduler($node, database => '', auto_bill => 'monthly', scheduler_now => '2031-09-01 00:00:05+00');
 my $sent_before = scalar @{ $emulator->ledger };
 
@@ -82,14 +82,14 @@ my $sql = slurp_file($script);
 my $split = index($sql, "\nCOPY billguard.");
 ok($split > 0 && index(substr($sql, 0, $split), 'CREATE EXTENSION IF NOT EXISTS billguard') >= 0,
 	'the script creates the extension before its first COPY');
-q1($node, 'CREATE DATABASE restored');
+$node->q1('CREATE DATABASE restored');
 my ($in, $psql_out, $psql_err) = (substr($sql, 0, $split + 1), '', '');
 my $restore = IPC::Run::start([ 'psql', '-X', '-q', '-d', $node->connstr('restored') ],
 	'<', \$in, '>', \$psql_out, '2>', \$psql_err);
-ok(wait_for('the extension created by the restore', 30, sub {
+ok(wait_until('the extension created by the restore', 30, sub {
 	$restore->pump_nb; qd('restored', q{SELECT count(*) FROM pg_extension WHERE extname = 'billguard'}) eq '1' }),
 	'restore: the script created the extension; its data is still to come');
-ok(wait_for('the dispatcher of restored', 30, sub {
+ok(wait_until('the dispatcher of restored', 30, sub {
 	qd('restored', q{SELECT worker_running AND paused FROM billguard.dispatch_status}) eq 't' }),
 	'restore: a dispatcher serves the new database, paused');
 like(qd('restored', 'SELECT pause_reason FROM billguard.dispatch_status'),
@@ -115,7 +115,7 @@ is(scalar @{ $emulator->ledger }, $sent_before, 'restore: no request reached the
 my ($writer_in, $writer_out) = ("BEGIN;\nUPDATE billguard.accounts SET amount_cents = amount_cents WHERE customer_id = 'cust_0001';\n"
 	. "SELECT 'WRITING';\n", '');
 my $writer = IPC::Run::start([ 'psql', '-XAtq', '-d', $node->connstr('restored') ], '<', \$writer_in, '>', \$writer_out);
-wait_for('the writer', 20, sub { $writer->pump_nb; $writer_out =~ /WRITING/ });
+wait_until('the writer', 20, sub { $writer->pump_nb; $writer_out =~ /WRITING/ });
 ($rc, $stdout, $stderr) = $node->psql('restored', 'SELECT billguard.adopt_database()');
 like($stderr, qr/ERROR:  a session is writing billguard's tables/, 'restore: refused while a session writes its tables');
 $writer_in .= "ROLLBACK;\n";
@@ -135,17 +135,17 @@ is(qd('restored', q{SELECT count(*) FROM billguard.journal WHERE event_type = 'D
 
 # ---- pg_restore into a second database; the namespace -------------------------------
 
-q1($node, 'CREATE DATABASE restored_again');
+$node->q1('CREATE DATABASE restored_again');
 ($out, $err) = run_command([ 'pg_restore', '-d', $node->connstr('restored_again'), $dump ]);
 is($err, '', 'pg_restore: into a second database, without an error');
-ok(wait_for('its dispatcher, paused', 30, sub {
+ok(wait_until('its dispatcher, paused', 30, sub {
 	qd('restored_again', q{SELECT coalesce(pause_reason, '') FROM billguard.dispatch_status}) =~ /^this database was restored from a dump/ }),
 	'pg_restore: it waits to be adopted, and says so');
 is(qd('restored_again', q{SELECT count(*) FROM billguard.billing_records WHERE billing_period = '2031-08'}), '0',
 	'pg_restore: it bills nothing');
 like(qd('restored_again', 'SELECT billguard.adopt_database()'), qr/^adopted/, 'pg_restore: adopted');
 my $restored_name = 'restored';
-ok(wait_for('the namespace conflict', 30, sub {
+ok(wait_until('the namespace conflict', 30, sub {
 	qd('restored_again', q{SELECT coalesce(pause_reason, '') FROM billguard.dispatch_status})
 	  =~ /^database "$restored_name" of this cluster bills with the same billguard\.key_namespace \('akka-billing'\)/ }),
 	'pg_restore: adopted while restored bills with the same namespace, it pauses and names restored');
@@ -159,10 +159,10 @@ is(qd('restored', 'SELECT paused FROM billguard.dispatch_status'), 'f', 'restore
 # ---- copy ---------------------------------------------------------------------------
 
 my $start = time;
-q1($node, 'CREATE DATABASE copy TEMPLATE restored');
+$node->q1('CREATE DATABASE copy TEMPLATE restored');
 cmp_ok(time - $start, '<', 4, 'copy: CREATE DATABASE ... TEMPLATE of the served database succeeds at once');
 qd('restored', q{UPDATE billguard.accounts SET active = false WHERE customer_id = 'cust_0001'});
-ok(wait_for('the copy, paused', 30, sub {
+ok(wait_until('the copy, paused', 30, sub {
 	qd('copy', q{SELECT coalesce(pause_reason, '') FROM billguard.dispatch_status}) =~ /^this database is a copy of database restored / }),
 	'copy: it waits to be adopted, and says it is a copy of restored');
 $offset = set_scheduler($node, scheduler_now => '2031-10-01 00:00:05+00');

@@ -20,21 +20,21 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time);
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 
 my $emulator = start_emulator();
-my $node = dispatch_node('database_statements', $emulator, "billguard.database = ''");
-q1($node, 'DROP EXTENSION billguard');    # billing is the one database that bills
+my $node = BillguardNode->dispatching('database_statements', $emulator, "billguard.database = ''");
+$node->q1('DROP EXTENSION billguard');    # billing is the one database that bills
 
 sub qd { my ($database, $sql) = @_; return $node->safe_psql($database, $sql) }
 sub dispatcher_of {
 	my ($database) = @_;
-	return q1($node, qq{SELECT coalesce(max(pid), 0) FROM pg_stat_activity
+	return $node->q1(qq{SELECT coalesce(max(pid), 0) FROM pg_stat_activity
 		WHERE backend_type = 'billguard dispatcher' AND datname = '$database'});
 }
 sub served {
 	my ($database) = @_;
-	return wait_for("a dispatcher in $database", 30, sub { dispatcher_of($database) });
+	return wait_until("a dispatcher in $database", 30, sub { dispatcher_of($database) });
 }
 # Runs $sql as $user in database postgres: (exit code, stderr, seconds).
 sub timed {
@@ -44,13 +44,13 @@ sub timed {
 	return ($rc, $err, time - $start);
 }
 
-q1($node, 'CREATE ROLE billing_owner LOGIN CREATEDB; CREATE ROLE stranger LOGIN CREATEDB');
-q1($node, 'CREATE DATABASE billing OWNER billing_owner');
+$node->q1('CREATE ROLE billing_owner LOGIN CREATEDB; CREATE ROLE stranger LOGIN CREATEDB');
+$node->q1('CREATE DATABASE billing OWNER billing_owner');
 qd('billing', 'CREATE EXTENSION billguard');
 qd('billing', q{INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method)
 	SELECT 'cust_' || g, 'cus_' || g, 1000 + g, 'usd', 'pm_card_visa' FROM generate_series(1, 10) g});
 is(qd('billing', "SELECT initiated FROM billguard.bill_period('2031-01')"), '10', 'billing: 10 records');
-ok(wait_for('billing settled', 30, sub {
+ok(wait_until('billing settled', 30, sub {
 	qd('billing', q{SELECT count(*) FROM billguard.billing_records WHERE status <> 'completed'}) eq '0' }),
 	'billing: charged');
 ok(served('billing'), 'billing is served');
@@ -64,12 +64,12 @@ for my $drop ('DROP DATABASE billing', 'DROP DATABASE billing WITH (FORCE)') {
 	like($err, qr/HINT:  Archive the history first: in database "billing", SELECT \* FROM billguard\.archive_history\('billguard_archive'\); then run DROP DATABASE again\./,
 		'with the hint to archive first');
 }
-q1($node, 'ALTER DATABASE billing ALLOW_CONNECTIONS false');
+$node->q1('ALTER DATABASE billing ALLOW_CONNECTIONS false');
 my ($rc, $err) = timed('DROP DATABASE billing', 'billing_owner');
 like($err, qr/DROP DATABASE would drop billguard's billing history/,
 	'the owner\'s DROP DATABASE, connections disallowed, is refused too');
-q1($node, 'ALTER DATABASE billing ALLOW_CONNECTIONS true');
-is(q1($node, q{SELECT count(*) FROM pg_database WHERE datname = 'billing'}), '1', 'billing is still there');
+$node->q1('ALTER DATABASE billing ALLOW_CONNECTIONS true');
+is($node->q1(q{SELECT count(*) FROM pg_database WHERE datname = 'billing'}), '1', 'billing is still there');
 ok(served('billing'), 'and served again');
 $pid = dispatcher_of('billing');
 
@@ -92,7 +92,7 @@ cmp_ok($seconds, '<', 4, sprintf('at once (%.1f s)', $seconds));
 ok(served('renamed'), 'a dispatcher serves it again under its new name');
 my $location = $node->basedir . '/moved';
 make_path($location);
-q1($node, "CREATE TABLESPACE moved LOCATION '$location'");
+$node->q1("CREATE TABLESPACE moved LOCATION '$location'");
 ($rc, $err, $seconds) = timed('ALTER DATABASE renamed SET TABLESPACE moved');
 is($rc, 0, 'ALTER DATABASE ... SET TABLESPACE of the served database succeeds') or diag($err);
 cmp_ok($seconds, '<', 4, sprintf('at once (%.1f s)', $seconds));
@@ -115,16 +115,16 @@ ok(served('renamed'), 'its history archived, renamed is still served');
 is($rc, 0, 'its owner, no superuser, drops it while its dispatcher runs') or diag($err);
 cmp_ok($seconds, '<', 4, sprintf('at once (%.1f s)', $seconds));
 
-q1($node, 'CREATE DATABASE unused OWNER billing_owner');
+$node->q1('CREATE DATABASE unused OWNER billing_owner');
 qd('unused', 'CREATE EXTENSION billguard');
 ok(served('unused'), 'a database with the extension and no history is served');
 ($rc, $err, $seconds) = timed('DROP DATABASE unused', 'billing_owner');
 is($rc, 0, 'its owner drops it') or diag($err);
 cmp_ok($seconds, '<', 4, sprintf('at once (%.1f s)', $seconds));
-q1($node, 'CREATE DATABASE plain OWNER billing_owner');
+$node->q1('CREATE DATABASE plain OWNER billing_owner');
 ($rc, $err) = timed('DROP DATABASE plain', 'billing_owner');
 is($rc, 0, 'a database without the extension drops as on a plain server') or diag($err);
-is(q1($node, q{SELECT string_agg(datname, ',' ORDER BY datname) FROM pg_database WHERE datname NOT LIKE 'template%'}),
+is($node->q1(q{SELECT string_agg(datname, ',' ORDER BY datname) FROM pg_database WHERE datname NOT LIKE 'template%'}),
 	'postgres', 'only postgres is left');
 
 $node->stop;

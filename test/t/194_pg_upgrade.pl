@@ -14,14 +14,14 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 
 my $emulator = start_emulator();
-my $old = dispatch_node('upgrade_old', $emulator, "billguard.database = ''");
+my $old = BillguardNode->dispatching('upgrade_old', $emulator, "billguard.database = ''");
 sub qd { my ($node, $database, $sql) = @_; return $node->safe_psql($database, $sql) }
 sub settled {
 	my ($node, $period) = @_;
-	return wait_for("billing $period settled", 60, sub {
+	return wait_until("billing $period settled", 60, sub {
 		qd($node, 'billing', "SELECT count(*) || '/' || count(*) FILTER (WHERE status = 'completed')"
 			. " FROM billguard.billing_records WHERE billing_period = '$period'") eq '20/20' });
 }
@@ -37,9 +37,9 @@ my $oid = qd($old, 'postgres', q{SELECT oid FROM pg_database WHERE datname = 'bi
 my $system = qd($old, 'postgres', 'SELECT system_identifier FROM pg_control_system()');
 $old->stop;
 
-my $new = PostgreSQL::Test::Cluster->new('upgrade_new');
+my $new = BillguardNode->new('upgrade_new');
 $new->init;
-my $key_file = set_api_key($new, $StripeEmulatorHarness::DEFAULT_API_KEY);
+my $key_file = $new->set_api_key($StripeEmulatorHarness::DEFAULT_API_KEY);
 $new->append_conf('postgresql.conf', join("\n",
 	"shared_preload_libraries = 'billguard'", 'fsync = off', "billguard.database = ''",
 	"billguard.api_base = '" . $emulator->url('') . "'", "billguard.api_key_file = '$key_file'",
@@ -55,7 +55,7 @@ $new->start;
 isnt(qd($new, 'postgres', 'SELECT system_identifier FROM pg_control_system()'), $system,
 	'new: the cluster has a system identifier of its own');
 is(qd($new, 'postgres', q{SELECT oid FROM pg_database WHERE datname = 'billing'}), $oid, 'new: billing kept its OID');
-ok(wait_for('billing served', 30, sub {
+ok(wait_until('billing served', 30, sub {
 	qd($new, 'billing', 'SELECT worker_running AND NOT paused FROM billguard.dispatch_status') eq 't' }),
 	'new: billing is served, not paused: the same database, no adoption needed');
 is(qd($new, 'billing', 'SELECT billguard.billing_database_problem() IS NULL'), 't', 'new: it bills its history');
@@ -64,7 +64,7 @@ ok(settled($new, '2031-02'), 'new: and charged');
 my $by_key = charges_by_key($emulator);
 is(scalar(grep { @{ $by_key->{$_} } != 1 } keys %$by_key), 0, 'new: one charge per key at the emulator');
 is(scalar(keys %$by_key), 40, 'for the 40 records of both periods');
-ok(wait_for('copy served', 30, sub {
+ok(wait_until('copy served', 30, sub {
 	qd($new, 'copy', q{SELECT coalesce(pause_reason, '') FROM billguard.dispatch_status}) =~ /^this database is a copy of database billing / }),
 	'new: copy still waits to be adopted');
 

@@ -15,16 +15,16 @@ use IPC::Run;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
 
 my $emulator = start_emulator();
-my $node = dispatch_node('wait_events', $emulator, "billguard.poll_interval = '1h'");
+my $node = BillguardNode->dispatching('wait_events', $emulator, "billguard.poll_interval = '1h'");
 my $named = $node->pg_version >= 17;
 
 # "type|event" of the first process of a backend_type.
 sub wait_of {
 	my ($backend_type) = @_;
-	return q1($node, "SELECT wait_event_type || '|' || coalesce(wait_event, '') FROM pg_stat_activity
+	return $node->q1("SELECT wait_event_type || '|' || coalesce(wait_event, '') FROM pg_stat_activity
 		 WHERE backend_type = '$backend_type' ORDER BY pid LIMIT 1");
 }
 
@@ -34,7 +34,7 @@ sub shows {
 	my ($backend_type, $name, $what) = @_;
 	my $expected = 'Extension|' . ($named ? $name : 'Extension');
 	my $seen = '';
-	ok(wait_for($what, 30, sub { ($seen = wait_of($backend_type)) eq $expected }),
+	ok(wait_until($what, 30, sub { ($seen = wait_of($backend_type)) eq $expected }),
 		"$what: pg_stat_activity shows $expected")
 	  or diag("it showed '$seen'");
 }
@@ -43,22 +43,22 @@ shows('billguard launcher', 'BillguardLauncherIdle', 'the launcher between resca
 shows('billguard dispatcher', 'BillguardDispatcherIdle', 'an idle dispatcher');
 
 # A dispatcher that starts on a read-only server waits for it to be writable.
-q1($node, 'ALTER SYSTEM SET default_transaction_read_only = on');
+$node->q1('ALTER SYSTEM SET default_transaction_read_only = on');
 $node->restart;
 shows('billguard dispatcher', 'BillguardReadOnlyServer', 'a dispatcher on a read-only server');
-q1($node, 'SET default_transaction_read_only = off; ALTER SYSTEM RESET default_transaction_read_only; SELECT pg_reload_conf()');
+$node->q1('SET default_transaction_read_only = off; ALTER SYSTEM RESET default_transaction_read_only; SELECT pg_reload_conf()');
 shows('billguard dispatcher', 'BillguardDispatcherIdle', 'the same dispatcher once the server is writable');
 
 $node->stop;
 
 # Two worker slots: the launcher's and postgres's dispatcher's. A DROP
 # DATABASE's probe finds none free.
-my $small = dispatch_node('wait_slots', $emulator,
+my $small = BillguardNode->dispatching('wait_slots', $emulator,
 	'max_worker_processes = 2',
 	'max_logical_replication_workers = 0',
 	'max_parallel_workers_per_gather = 0');
 $small->safe_psql('postgres', 'CREATE DATABASE gone');
-ok(wait_for('the dispatcher takes the second slot', 30, sub {
+ok(wait_until('the dispatcher takes the second slot', 30, sub {
 	$small->safe_psql('postgres', 'SELECT worker_running FROM billguard.dispatch_status') eq 't' }),
 	'the launcher and a dispatcher hold both worker slots');
 my ($out, $err) = ('', '');
@@ -66,7 +66,7 @@ my $drop = IPC::Run::start([ 'psql', '-XAtq', '-d', $small->connstr('postgres'),
 	'>', \$out, '2>', \$err);
 my $expected = 'Extension|' . ($named ? 'BillguardProbeSlot' : 'Extension');
 my $seen = '';
-ok(wait_for('the DROP waiting for a slot', 5, sub {
+ok(wait_until('the DROP waiting for a slot', 5, sub {
 	($seen = $small->safe_psql('postgres', "SELECT wait_event_type || '|' || coalesce(wait_event, '')
 		FROM pg_stat_activity WHERE query = 'DROP DATABASE gone'")) eq $expected }),
 	"DROP DATABASE waiting for a slot for its probe: pg_stat_activity shows $expected")

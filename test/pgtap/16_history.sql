@@ -1,5 +1,5 @@
--- 14_history.sql: the billing history survives pg_dump and cannot be
--- dropped with the extension (issue 6, items 9 and 10; the whole dump,
+-- 16_history.sql: the billing history survives pg_dump and cannot be
+-- dropped with the extension (the whole dump,
 -- restore, archive and drop in test/t/091_dump_restore.pl and
 -- test/t/092_drop_guard.pl).
 --
@@ -18,7 +18,7 @@
 BEGIN;
 SELECT plan(31);
 
--- Item 10: what pg_dump carries.
+-- What pg_dump carries: a restore must bring back the whole history.
 SELECT is((SELECT array_agg(c.relname::text ORDER BY c.relname) FROM pg_class c
             JOIN pg_depend d ON d.classid = 'pg_class'::regclass AND d.objid = c.oid AND d.deptype = 'e'
            WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'billguard') AND c.relkind = 'r'
@@ -53,16 +53,16 @@ SELECT results_eq($$SELECT minor_units, builtin FROM billguard.currencies WHERE 
 SELECT throws_ok($$INSERT INTO billguard.currencies (code, minor_units) VALUES ('xts', 3)$$, '23505', NULL,
                  'a user''s own code inserted twice is still a duplicate');
 
--- Item 9: DROP would take the history with it.
-INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES ('t14_kept', 'cus_t14kept', 1000);
-SELECT results_eq($$SELECT status FROM billguard.bill_customer('t14_kept', '2037-01')$$, ARRAY['initiated'],
+-- DROP would take the history with it: refused while records exist.
+INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents) VALUES ('t16_kept', 'cus_t16kept', 1000);
+SELECT results_eq($$SELECT status FROM billguard.bill_customer('t16_kept', '2037-01')$$, ARRAY['initiated'],
                   'one billing record exists');
 SELECT throws_ok($$DROP EXTENSION billguard$$, '2BP01',
                  format('DROP EXTENSION would drop billguard''s billing history (%s billing records)',
                         (SELECT count(*) FROM billguard.billing_records)),
                  'DROP EXTENSION billguard is refused while billing records exist');
 SELECT throws_ok($$DROP EXTENSION billguard CASCADE$$, '2BP01', NULL, 'DROP EXTENSION billguard CASCADE is refused');
-SELECT throws_ok($$DROP EXTENSION IF EXISTS t14_no_such_extension, billguard$$, '2BP01', NULL,
+SELECT throws_ok($$DROP EXTENSION IF EXISTS t16_no_such_extension, billguard$$, '2BP01', NULL,
                  'DROP EXTENSION naming billguard in a list is refused');
 SELECT throws_ok($$DROP SCHEMA billguard CASCADE$$, '2BP01',
                  format('DROP SCHEMA would drop billguard''s billing history (%s billing records)',
@@ -70,7 +70,7 @@ SELECT throws_ok($$DROP SCHEMA billguard CASCADE$$, '2BP01',
                  'DROP SCHEMA billguard CASCADE is refused');
 SELECT throws_ok(format('DROP OWNED BY %I CASCADE', (SELECT pg_get_userbyid(extowner) FROM pg_extension WHERE extname = 'billguard')),
                  '2BP01', NULL, 'DROP OWNED BY the extension''s owner is refused');
-CREATE FUNCTION pg_temp.t14_hint(sql text) RETURNS text LANGUAGE plpgsql AS $$
+CREATE FUNCTION pg_temp.t16_hint(sql text) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE hint text;
 BEGIN
   EXECUTE sql;
@@ -79,14 +79,14 @@ EXCEPTION WHEN dependent_objects_still_exist THEN
   GET STACKED DIAGNOSTICS hint = PG_EXCEPTION_HINT;
   RETURN hint;
 END $$;
-SELECT is(pg_temp.t14_hint('DROP EXTENSION billguard'),
+SELECT is(pg_temp.t16_hint('DROP EXTENSION billguard'),
           'Archive the history first: SELECT * FROM billguard.archive_history(''billguard_archive''); then run DROP EXTENSION again.',
           'the refusal says how to archive first');
-SELECT is((SELECT count(*) FROM billguard.billing_records WHERE customer_id = 't14_kept'), 1::bigint,
+SELECT is((SELECT count(*) FROM billguard.billing_records WHERE customer_id = 't16_kept'), 1::bigint,
           'the refused drops dropped nothing');
-SELECT lives_ok($$CREATE SCHEMA t14_other; DROP SCHEMA t14_other CASCADE$$,
+SELECT lives_ok($$CREATE SCHEMA t16_other; DROP SCHEMA t16_other CASCADE$$,
                 'other schemas drop as before');
-SELECT throws_ok($$SELECT * FROM billguard.archive_history('t14_archive')$$, '55000', NULL,
+SELECT throws_ok($$SELECT * FROM billguard.archive_history('t16_archive')$$, '55000', NULL,
                  'archive_history refuses while a record may still be sent');
 
 -- What a statement drops, cascades included, not what it names.
@@ -101,16 +101,16 @@ SELECT is((SELECT count(*) FROM pg_extension WHERE extname IN ('billguard', 'plp
 -- logical replication's apply worker).
 SET LOCAL session_replication_role = replica;
 SELECT throws_ok($$DROP EXTENSION billguard$$, '2BP01', NULL, 'replica mode: DROP EXTENSION billguard is refused');
-SELECT throws_ok($$UPDATE billguard.journal SET event = '{}' WHERE persistence_id = 'billing-t14_kept-2037-01'$$,
+SELECT throws_ok($$UPDATE billguard.journal SET event = '{}' WHERE persistence_id = 'billing-t16_kept-2037-01'$$,
                  '42501', 'billguard.journal is append-only: UPDATE refused', 'replica mode: a journal rewrite is refused');
 SELECT throws_ok($$DELETE FROM billguard.journal$$, '42501', NULL, 'replica mode: a journal DELETE is refused');
-SELECT throws_ok($$UPDATE billguard.billing_records SET amount_cents = 1 WHERE customer_id = 't14_kept'$$,
+SELECT throws_ok($$UPDATE billguard.billing_records SET amount_cents = 1 WHERE customer_id = 't16_kept'$$,
                  '23000', NULL, 'replica mode: a billing record''s frozen identity is kept');
 SELECT throws_ok($$TRUNCATE billguard.billing_records$$, '23000', NULL,
                  'replica mode: TRUNCATE billing_records is refused');
 SELECT throws_ok($$DELETE FROM billguard.vault_audit$$, '42501', NULL, 'replica mode: the vault audit stays append-only');
 RESET session_replication_role;
-SELECT is((SELECT count(*) FROM billguard.billing_records WHERE customer_id = 't14_kept' AND amount_cents = 1000),
+SELECT is((SELECT count(*) FROM billguard.billing_records WHERE customer_id = 't16_kept' AND amount_cents = 1000),
           1::bigint, 'the record is as it was');
 
 SELECT * FROM finish();
