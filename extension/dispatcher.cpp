@@ -3,6 +3,7 @@
 // Crash-only: any database error ends the worker and the postmaster starts
 // it again after bgw_restart_time; rows it left 'dispatching' are re-sent
 // with their stored key. Nothing here ever computes a key.
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <optional>
@@ -10,13 +11,10 @@
 #include <unordered_map>
 #include <utility>
 
-#include "api_key.hpp"
 #include "http_client.hpp"
-#include "issuer_token.hpp"
 #include "rate_pacer.hpp"
 #include "stripe_request.hpp"
 #include "stripe_response.hpp"
-#include "vault_key_request.hpp"
 
 #include "billing_database.hpp"
 #include "dispatch_queue.hpp"
@@ -69,7 +67,10 @@ void HandleSigterm(SIGNAL_ARGS) {
 
 class Dispatcher {
  public:
-  Dispatcher() : http_(settings::request_timeout_ms), pacer_(settings::max_requests_per_second) {}
+  Dispatcher()
+      : http_(settings::request_timeout_ms),
+        pacer_(settings::max_requests_per_second),
+        vault_keys_(kUserAgent) {}
 
   void Run() {
     pqsignal(SIGTERM, HandleSigterm);
@@ -84,7 +85,7 @@ class Dispatcher {
         if (ConfigReloadPending) Reload();
         if (Clock::now() >= next_identity_check_) CheckBillingDatabase();
         if (halt_reason_.empty()) TickScheduler();
-        TakeFinished(http_.Poll(in_flight_.empty() ? 0 : PollMilliseconds()));
+        TakeFinished(http_.Poll(Transferring() ? PollMilliseconds() : 0));
         // Freed slots are refilled (from the records claimed ahead, then
         // from a claim) before anything is recorded, so that no slot idles
         // while a transaction runs.
@@ -147,22 +148,7 @@ class Dispatcher {
   void LoadSettings() {
     http_.set_timeout_ms(settings::request_timeout_ms);
     pacer_.set_rate(settings::max_requests_per_second);
-    // Through the proxy, each period's vault key is obtained with the
-    // issuer token; otherwise the one key of api_key_file bills everything.
-    through_proxy_ = settings::vault_issuer_token_file[0] != '\0';
-    vault_keys_.clear();
-    std::string error;
-    if (through_proxy_) {
-      const IssuerTokenResult loaded = LoadIssuerToken(settings::vault_issuer_token_file);
-      issuer_token_ = loaded.token;
-      direct_key_ = {};
-      error = loaded.error;
-    } else {
-      const ApiKeyResult loaded = LoadApiKey(settings::api_key_file);
-      direct_key_ = VaultCredential{"", loaded.key, 0};
-      issuer_token_.clear();
-      error = loaded.error;
-    }
+    const std::string error = vault_keys_.Load();
     if (!error.empty()) {
       Pause(error);
     } else if (paused_) {
@@ -352,19 +338,29 @@ class Dispatcher {
     return true;
   }
 
+  // Sends the ready records, paced, up to max_inflight. A record whose
+  // period's vault key is being obtained stays in ready_ and holds back no
+  // other: it is sent on a pass after the key has come.
   void SendReady() {
     bool sent = false;
-    while (!ready_.empty() && !paused_ &&
-           static_cast<int>(in_flight_.size()) < settings::max_inflight) {
+    sendable_ = false;
+    for (auto next = ready_.begin(); next != ready_.end() && !paused_;) {
       const auto now = Clock::now();
-      if (!pacer_.Ready(now) || now < unreachable_until_) break;
-      // A copy: obtaining a key may give the ready records back.
-      const std::string period = ready_.front().billing_period;
-      const VaultCredential* key = KeyFor(period);
-      if (key == nullptr) break;  // paused or holding off: see ObtainVaultKey
+      if (now < unreachable_until_) break;
+      if (static_cast<int>(in_flight_.size()) >= settings::max_inflight || !pacer_.Ready(now)) {
+        sendable_ = std::any_of(next, ready_.end(), [&](const ClaimedRecord& claimed) {
+          return !vault_keys_.AskingFor(claimed.billing_period);
+        });
+        break;
+      }
+      const VaultCredential* key = vault_keys_.KeyFor(next->billing_period, http_);
+      if (key == nullptr) {
+        ++next;
+        continue;
+      }
       pacer_.Take(now);
-      ClaimedRecord claimed = std::move(ready_.front());
-      ready_.pop_front();
+      ClaimedRecord claimed = std::move(*next);
+      next = ready_.erase(next);
       const bool search = claimed.search_first;
       Send(std::move(claimed), search, *key);
       sent = true;
@@ -372,6 +368,9 @@ class Dispatcher {
     // Out now, not after the transactions that follow in this pass.
     if (sent) http_.Start();
   }
+
+  // Whether anything is on the HTTP client: requests, or a POST /keys.
+  bool Transferring() const { return !in_flight_.empty() || vault_keys_.Asking(); }
 
   void Send(ClaimedRecord claimed, bool search, const VaultCredential& key) {
     const StripeAccount account{settings::api_base, key.vault_key, settings::stripe_version,
@@ -386,85 +385,15 @@ class Dispatcher {
     ++sent_;
   }
 
-  // The key a request of `period` is sent with: api_key_file's, or through
-  // the proxy the period's vault key, kept in memory, else in
-  // billguard.vault_credentials, else obtained now. nullptr when there is
-  // none to send with (the dispatcher paused or holds off).
-  const VaultCredential* KeyFor(const std::string& period) {
-    if (!through_proxy_) return &direct_key_;
-    auto found = vault_keys_.find(period);
-    if (found == vault_keys_.end()) {
-      std::optional<VaultCredential> kept =
-          LookupVaultCredential(settings::api_base, period, kVaultCurrency);
-      if (!kept) kept = ObtainVaultKey(period);
-      if (!kept) return nullptr;
-      found = vault_keys_.emplace(period, std::move(*kept)).first;
-    }
-    return &found->second;
-  }
-
-  // POST /keys to the proxy before the period's first request: the cap is
-  // the period's claimed total times vault_cap_headroom, computed in SQL.
-  // A key lost (a restored database, a crash before it was stored) is
-  // simply issued again: the proxy joins it to the period's budget. When
-  // the budget exists with another cap (more records claimed since the
-  // first key), the proxy answers 409 with that cap, and the key is asked
-  // for again at it: billing goes on, and what the cap has no room for is
-  // blocked. The HTTP request is made with no transaction open.
-  std::optional<VaultCredential> ObtainVaultKey(const std::string& period) {
-    VaultKeyAsk ask =
-        VaultKeyRequestBody(period, settings::stripe_endpoint, settings::vault_cap_headroom, {});
-    IssuedVaultKey issued = AskProxyForKey(ask);
-    if (issued.existing_cap_cents) {
-      Log("the proxy already has a budget for " + period + " with a cap of " +
-          Usd(*issued.existing_cap_cents) + " USD, not the " + Usd(ask.cap_cents) +
-          " USD asked (records were claimed after its first key was issued): billing joins it " +
-          "at its cap, and charges past it are blocked until an admin raises the cap");
-      ask = VaultKeyRequestBody(period, settings::stripe_endpoint, settings::vault_cap_headroom,
-                                issued.existing_cap_cents);
-      issued = AskProxyForKey(ask);
-    }
-    if (issued.vault_key.empty()) {
-      const std::string why = "the proxy issued no vault key for " + period + " (HTTP " +
-                              std::to_string(issued.http_status) + ": " + issued.message + ")";
-      // A refused token or request (api_base not a proxy, say) waits for a
-      // person; an unreachable or failing proxy is tried again.
-      if (issued.http_status >= 400 && issued.http_status < 500) {
-        Pause(why);
-      } else {
-        HoldOffUnreachable(why);
-      }
-      return std::nullopt;
-    }
-    VaultCredential credential{issued.key_id, issued.vault_key, ask.cap_cents};
-    StoreVaultCredential(settings::api_base, period, kVaultCurrency, credential);
-    Log("obtained vault key " + credential.key_id + " for " + period + ", cap " +
-        Usd(credential.cap_cents) + " USD");
-    return credential;
-  }
-
-  IssuedVaultKey AskProxyForKey(const VaultKeyAsk& ask) {
-    HttpClient client(settings::request_timeout_ms);
-    client.Submit(VaultKeyRequest(settings::api_base, issuer_token_, ask.json_body, kUserAgent));
-    std::vector<HttpResponse> answers;
-    while (answers.empty() && !ShutdownRequestPending) answers = client.Poll(100);
-    if (answers.empty()) {
-      client.AbortAll();
-      return IssuedVaultKey{0, "", "", std::nullopt, "stopping"};
-    }
-    return ReadIssuedVaultKey(answers.front());
-  }
-
-  static std::string Usd(long long cents) {
-    const long long fraction = cents % 100;
-    return std::to_string(cents / 100) + (fraction < 10 ? ".0" : ".") + std::to_string(fraction);
-  }
-
   // Moves the requests whose transfers finished out of in_flight_, and the
   // deferred answers now due, to the answers waiting to be recorded.
   void TakeFinished(std::vector<HttpResponse> responses) {
     const auto now = Clock::now();
     for (HttpResponse& response : responses) {
+      if (VaultKeys::IsKeyAnswer(response)) {
+        TakeKeyAnswer(response);
+        continue;
+      }
       auto found = in_flight_.find(response.tag);
       if (found == in_flight_.end()) continue;
       unrecorded_.push_back({std::move(found->second), std::move(response), {}, now});
@@ -478,6 +407,15 @@ class Dispatcher {
       it->taken_at = now;
       unrecorded_.push_back(std::move(*it));
       it = deferred_.erase(it);
+    }
+  }
+
+  void TakeKeyAnswer(const HttpResponse& response) {
+    const VaultKeyAnswer answer = vault_keys_.TakeAnswer(response, http_);
+    if (answer.next == VaultKeyAnswer::Next::kPause) {
+      Pause(answer.why);
+    } else if (answer.next == VaultKeyAnswer::Next::kHoldOff) {
+      HoldOffUnreachable(answer.why);
     }
   }
 
@@ -536,12 +474,7 @@ class Dispatcher {
   // its last_error, its BillingBlocked event and the log.
   void NameTheCap(JudgedAnswer& judged) const {
     const ClaimedRecord& claimed = *judged.claimed;
-    const auto found = vault_keys_.find(claimed.billing_period);
-    std::string cap = "the period's vault cap";
-    if (found != vault_keys_.end()) {
-      cap +=
-          " is " + Usd(found->second.cap_cents) + " USD (vault key " + found->second.key_id + ")";
-    }
+    const std::string cap = vault_keys_.DescribeCap(claimed.billing_period);
     judged.charge.message = PrintableExcerpt(judged.charge.message + "; " + cap, 500);
     Log(claimed.customer_id + "/" + claimed.billing_period +
         " is blocked: " + judged.charge.message);
@@ -582,22 +515,15 @@ class Dispatcher {
     }
     if (judged.search && outcome == Outcome::kNeedsReview) {
       Log(who + " is needs_review: " + judged.found.message);
-    } else if (outcome == Outcome::kPaused && through_proxy_ && !judged.search &&
+    } else if (outcome == Outcome::kPaused && vault_keys_.through_proxy() && !judged.search &&
                judged.charge.error_code == "vault_key_expired") {
       // Recorded as not counted and due now: the next send obtains a new
       // key for the period, which joins its budget. Only the key it was
       // sent with is forgotten: answers to other requests sent with it may
       // come after a new key was obtained.
-      const auto found = vault_keys_.find(claimed.billing_period);
-      if (found != vault_keys_.end() && found->second.key_id == finished.done.vault_key_id) {
-        Log("the vault key " + found->second.key_id + " of " + claimed.billing_period +
-            " expired; obtaining a new one");
-        ForgetVaultCredential(settings::api_base, claimed.billing_period, kVaultCurrency,
-                              found->second.key_id);
-        vault_keys_.erase(found);
-      }
+      vault_keys_.ForgetExpired(claimed.billing_period, finished.done.vault_key_id);
     } else if (outcome == Outcome::kPaused) {
-      Pause(through_proxy_
+      Pause(vault_keys_.through_proxy()
                 ? "the proxy refused the vault key of " + claimed.billing_period + " (HTTP " +
                       std::to_string(response.status) + " " + judged.charge.error_code + ")"
                 : "Stripe refused the API key (HTTP " + std::to_string(response.status) + ")");
@@ -629,16 +555,17 @@ class Dispatcher {
     const auto until =
         std::chrono::duration_cast<std::chrono::milliseconds>(pacer_.UntilNext(Clock::now()));
     const bool may_send = static_cast<int>(in_flight_.size()) < settings::max_inflight;
-    if (!ready_.empty() && may_send) return static_cast<int>(std::clamp<long>(until.count(), 0, 5));
+    if (sendable_ && may_send) return static_cast<int>(std::clamp<long>(until.count(), 0, 5));
     return 5;
   }
 
   // Sleeps until there may be work: a wake-up after a commit, the next
-  // paced send, the poll interval. With requests in flight the HTTP poll
-  // above was the wait, so this only collects a pending wake-up.
+  // paced send, the poll interval. With requests (or a POST /keys) in
+  // flight the HTTP poll above was the wait, so this only collects a
+  // pending wake-up.
   void Wait() {
     long timeout_ms = 0;
-    if (in_flight_.empty()) {
+    if (!Transferring()) {
       const auto now = Clock::now();
       if (paused_) {
         timeout_ms = settings::poll_interval_ms;
@@ -676,17 +603,9 @@ class Dispatcher {
     });
   }
 
-  // The proxy's budgets are in USD (POST /keys names no currency); a record
-  // in another currency is refused by it (403 currency_not_allowed) and
-  // ends blocked.
-  static constexpr const char* kVaultCurrency = "usd";
-
   HttpClient http_;
   RatePacer pacer_;
-  VaultCredential direct_key_;  // api_key_file's key, when not through the proxy
-  bool through_proxy_ = false;  // billguard.vault_issuer_token_file is set
-  std::string issuer_token_;
-  std::unordered_map<std::string, VaultCredential> vault_keys_;  // by billing period
+  VaultKeys vault_keys_;
   bool paused_ = false;
   std::string pause_reason_;
   std::string halt_reason_;  // see CheckBillingDatabase
@@ -698,6 +617,7 @@ class Dispatcher {
   bool maybe_due_ = true;
   Clock::time_point next_poll_{};
   std::deque<ClaimedRecord> ready_;  // claimed, waiting for their paced start
+  bool sendable_ = false;            // one of ready_ has its key: see SendReady
   std::unordered_map<std::uint64_t, InFlight> in_flight_;
   std::vector<Finished> unrecorded_;  // answers waiting for RecordingDue
   std::vector<Finished> deferred_;    // answers whose row was locked
