@@ -30,6 +30,7 @@ OBJS = \
 	extension/vault_credentials.o \
 	extension/dispatcher.o \
 	extension/dispatcher_main.o \
+	extension/worker_signals.o \
 	extension/dispatcher_settings.o \
 	extension/lock_waits.o \
 	extension/billing_database.o \

@@ -1,8 +1,11 @@
 // The dispatcher's loop (see dispatcher.hpp).
 //
-// Crash-only: any database error ends the worker and the postmaster starts
-// it again after bgw_restart_time; rows it left 'dispatching' are re-sent
-// with their stored key. Nothing here ever computes a key.
+// Crash-only: any database error ends the worker, and the launcher starts
+// another after 2 s (launcher.cpp; dispatchers are registered with
+// BGW_NEVER_RESTART, so the postmaster never restarts one, and after a crash
+// of any process it restarts only the launcher, which starts them again).
+// Rows it left 'dispatching' are re-sent with their stored key. Nothing
+// here ever computes a key.
 #include <algorithm>
 #include <chrono>
 #include <deque>
@@ -52,19 +55,6 @@ void Log(const std::string& message) {
 // tried again, on top of the lock_timeout it waited already.
 constexpr auto kLockRetry = std::chrono::seconds(2);
 
-// SIGTERM: stop at the next pass of the loop, and cancel whatever the worker
-// may be waiting in (a lock, a slow statement) as a query cancel would, so
-// that the pass comes at once. The transaction it cancels was going to be
-// lost anyway; what it would have recorded is re-sent with the same keys.
-void HandleSigterm(SIGNAL_ARGS) {
-  const int saved_errno = errno;
-  ShutdownRequestPending = true;
-  QueryCancelPending = true;
-  InterruptPending = true;
-  SetLatch(MyLatch);
-  errno = saved_errno;
-}
-
 class Dispatcher {
  public:
   Dispatcher()
@@ -73,7 +63,6 @@ class Dispatcher {
         vault_keys_(kUserAgent) {}
 
   void Run() {
-    pqsignal(SIGTERM, HandleSigterm);
     try {
       LoadSettings();
       WaitForExtension();
@@ -107,7 +96,7 @@ class Dispatcher {
         Wait();
       }
     } catch (const PostgresError&) {
-      // SIGTERM cancelled a statement or a wait (see HandleSigterm).
+      // SIGTERM cancelled a statement or a wait (see worker_signals.hpp).
       if (!ShutdownRequestPending) throw;
     }
     QueryCancelPending = false;  // nothing is left to cancel, and the line below must not be

@@ -21,6 +21,7 @@
 #include "served_databases.hpp"
 #include "shared_state.hpp"
 #include "wait_events.hpp"
+#include "worker_signals.hpp"
 
 extern "C" {
 #include "miscadmin.h"
@@ -248,9 +249,7 @@ void RegisterLauncher() {
 }  // namespace billguard
 
 extern "C" void billguard_launcher_main(Datum /*arg*/) {
-  pqsignal(SIGHUP, SignalHandlerForConfigReload);
-  pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
-  BackgroundWorkerUnblockSignals();
+  billguard::InstallWorkerSignals(billguard::OnSigterm::kShutdown);
   // No database: pg_database is a shared catalog.
   BackgroundWorkerInitializeConnection(nullptr, nullptr, 0);
   pgstat_report_appname("billguard launcher");
