@@ -27,6 +27,7 @@ OBJS = \
 	extension/charge_request.o \
 	extension/spi_transaction.o \
 	extension/dispatch_queue.o \
+	extension/dispatch_records.o \
 	extension/vault_credentials.o \
 	extension/dispatcher.o \
 	extension/dispatcher_main.o \

@@ -21,6 +21,7 @@
 
 #include "billing_database.hpp"
 #include "dispatch_queue.hpp"
+#include "dispatch_records.hpp"
 #include "dispatcher.hpp"
 #include "dispatcher_settings.hpp"
 #include "lock_waits.hpp"
@@ -91,7 +92,7 @@ class Dispatcher {
           }
         }
         SendReady();
-        if (RecordingDue(Clock::now())) RecordFinished(std::exchange(unrecorded_, {}));
+        if (RecordingDue(Clock::now())) RecordAnswered(records_.TakeAnswered());
         PublishStatus();
         Wait();
       }
@@ -100,8 +101,8 @@ class Dispatcher {
       if (!ShutdownRequestPending) throw;
     }
     QueryCancelPending = false;  // nothing is left to cancel, and the line below must not be
-    const std::size_t unrecorded = unrecorded_.size() + deferred_.size();
-    Log("stopping with " + std::to_string(in_flight_.size()) + " requests in flight" +
+    const std::size_t unrecorded = records_.answered() + records_.deferred();
+    Log("stopping with " + std::to_string(records_.in_flight()) + " requests in flight" +
         (unrecorded > 0 ? " and " + std::to_string(unrecorded) + " answers not yet recorded" : "") +
         "; they are re-sent with the same key at the next start");
     http_.AbortAll();
@@ -109,20 +110,6 @@ class Dispatcher {
 
  private:
   using Clock = std::chrono::steady_clock;
-
-  struct InFlight {
-    ClaimedRecord claimed;
-    bool searching = false;
-    bool deferred = false;     // its row was locked when its answer came
-    std::string vault_key_id;  // through the proxy: the key it was sent with
-  };
-  // A request that finished, its answer waiting to be recorded.
-  struct Finished {
-    InFlight done;
-    HttpResponse response;
-    Clock::time_point retry_at{};  // when deferred: the next try
-    Clock::time_point taken_at{};
-  };
 
   // Answers are recorded a batch at a time, a quarter of max_inflight or
   // what came in over kRecordEvery, whichever is first, so that each
@@ -170,7 +157,7 @@ class Dispatcher {
     status.paused = paused_ || !halt_reason_.empty();
     strlcpy(status.pause_reason, (halt_reason_.empty() ? pause_reason_ : halt_reason_).c_str(),
             sizeof(status.pause_reason));
-    status.in_flight = static_cast<int>(in_flight_.size());
+    status.in_flight = static_cast<int>(records_.in_flight());
     status.requests_sent = sent_;
     const std::string& scheduler_waits = SchedulerWaitingFor();
     const std::string waiting = waiting_for_ +
@@ -213,8 +200,7 @@ class Dispatcher {
       maybe_due_ = true;
     } else {
       Log(reason);
-      for (const ClaimedRecord& claimed : ready_) ReleaseClaimIfFree(claimed);
-      ready_.clear();
+      ReleaseReady();
     }
     halt_reason_ = reason;
     PublishStatus();
@@ -264,12 +250,14 @@ class Dispatcher {
     }
   }
 
-  // A claimed record that is not sent goes back to the queue; when its row
-  // is locked it waits for its lease to run out instead.
-  void ReleaseClaimIfFree(const ClaimedRecord& claimed) {
-    Clock::time_point ignored{};
-    UnlessLockWait("returning a claimed record to the queue", ignored,
-                   [&] { ReleaseClaim(claimed); });
+  // Claimed records that are not sent go back to the queue; one whose row
+  // is locked waits for its lease to run out instead.
+  void ReleaseReady() {
+    for (const ClaimedRecord& claimed : records_.Released()) {
+      Clock::time_point ignored{};
+      UnlessLockWait("returning a claimed record to the queue", ignored,
+                     [&] { ReleaseClaim(claimed); });
+    }
   }
 
   void Pause(const std::string& reason) {
@@ -278,8 +266,7 @@ class Dispatcher {
     pause_reason_ = reason;
     // Claimed but unsent records go back to the queue at once, rather than
     // waiting in 'dispatching' for their lease to expire.
-    for (const ClaimedRecord& claimed : ready_) ReleaseClaimIfFree(claimed);
-    ready_.clear();
+    ReleaseReady();
     Log("paused: " + reason + "; fix it and reload the configuration (SIGHUP)");
   }
 
@@ -311,11 +298,11 @@ class Dispatcher {
   // configured rate, so a lease is never held long before its request
   // leaves. True when it ran a claim.
   bool ClaimIntoReadyQueue(Clock::time_point now) {
-    const int claimed_unsent = static_cast<int>(ready_.size());
+    const int claimed_unsent = static_cast<int>(records_.ready().size());
     const int ahead = std::max(1, settings::max_inflight / 2);
     const int per_fifth = std::max(1, static_cast<int>(pacer_.Rate(now) / 5));
     const int wanted = std::min(
-        settings::max_inflight + ahead - static_cast<int>(in_flight_.size()) - claimed_unsent,
+        settings::max_inflight + ahead - static_cast<int>(records_.in_flight()) - claimed_unsent,
         per_fifth - claimed_unsent);
     if (wanted <= 0 || (wanted < std::min(ahead / 2, per_fifth) && claimed_unsent > 0)) {
       return false;
@@ -323,35 +310,34 @@ class Dispatcher {
     std::vector<ClaimedRecord> claimed = ClaimDueRecords(wanted);
     maybe_due_ = static_cast<int>(claimed.size()) == wanted;
     if (!maybe_due_) next_poll_ = now + std::chrono::milliseconds(settings::poll_interval_ms);
-    for (auto& c : claimed) ready_.push_back(std::move(c));
+    for (auto& c : claimed) records_.Claimed(std::move(c));
     return true;
   }
 
   // Sends the ready records, paced, up to max_inflight. A record whose
-  // period's vault key is being obtained stays in ready_ and holds back no
+  // period's vault key is being obtained stays ready and holds back no
   // other: it is sent on a pass after the key has come.
   void SendReady() {
     bool sent = false;
     sendable_ = false;
-    for (auto next = ready_.begin(); next != ready_.end() && !paused_;) {
+    const auto& ready = records_.ready();
+    for (std::size_t next = 0; next < ready.size() && !paused_;) {
       const auto now = Clock::now();
       if (now < unreachable_until_) break;
-      if (static_cast<int>(in_flight_.size()) >= settings::max_inflight || !pacer_.Ready(now)) {
-        sendable_ = std::any_of(next, ready_.end(), [&](const ClaimedRecord& claimed) {
-          return !vault_keys_.AskingFor(claimed.billing_period);
-        });
+      if (static_cast<int>(records_.in_flight()) >= settings::max_inflight || !pacer_.Ready(now)) {
+        sendable_ = std::any_of(ready.begin() + static_cast<std::ptrdiff_t>(next), ready.end(),
+                                [&](const HeldRecord& record) {
+                                  return !vault_keys_.AskingFor(record.claimed.billing_period);
+                                });
         break;
       }
-      const VaultCredential* key = vault_keys_.KeyFor(next->billing_period, http_);
+      const VaultCredential* key = vault_keys_.KeyFor(ready[next].claimed.billing_period, http_);
       if (key == nullptr) {
         ++next;
         continue;
       }
       pacer_.Take(now);
-      ClaimedRecord claimed = std::move(*next);
-      next = ready_.erase(next);
-      const bool search = claimed.search_first;
-      Send(std::move(claimed), search, *key);
+      Send(next, *key);
       sent = true;
     }
     // Out now, not after the transactions that follow in this pass.
@@ -359,44 +345,33 @@ class Dispatcher {
   }
 
   // Whether anything is on the HTTP client: requests, or a POST /keys.
-  bool Transferring() const { return !in_flight_.empty() || vault_keys_.Asking(); }
+  bool Transferring() const { return records_.in_flight() > 0 || vault_keys_.Asking(); }
 
-  void Send(ClaimedRecord claimed, bool search, const VaultCredential& key) {
+  // Sends the index-th ready record: a search first when it must reconcile.
+  void Send(std::size_t index, const VaultCredential& key) {
     const StripeAccount account{settings::api_base, key.vault_key, settings::stripe_version,
                                 kUserAgent};
     const std::uint64_t tag = next_tag_++;
-    HttpRequest request =
-        search
-            ? SearchRequest(account, claimed.endpoint, claimed.idempotency_key, tag)
-            : ChargeRequest(account, claimed.endpoint, claimed.body, claimed.idempotency_key, tag);
-    in_flight_.emplace(tag, InFlight{std::move(claimed), search, false, key.key_id});
-    http_.Submit(std::move(request));
+    const bool search = records_.ready()[index].claimed.search_first;
+    const ClaimedRecord& claimed = records_.Sent(index, tag, search, key.key_id).claimed;
+    http_.Submit(search ? SearchRequest(account, claimed.endpoint, claimed.idempotency_key, tag)
+                        : ChargeRequest(account, claimed.endpoint, claimed.body,
+                                        claimed.idempotency_key, tag));
     ++sent_;
   }
 
-  // Moves the requests whose transfers finished out of in_flight_, and the
-  // deferred answers now due, to the answers waiting to be recorded.
+  // The records whose requests finished are answered, and so are the
+  // deferred ones now due: they wait to be recorded.
   void TakeFinished(std::vector<HttpResponse> responses) {
     const auto now = Clock::now();
     for (HttpResponse& response : responses) {
       if (VaultKeys::IsKeyAnswer(response)) {
         TakeKeyAnswer(response);
-        continue;
+      } else {
+        records_.Answered(std::move(response), now);
       }
-      auto found = in_flight_.find(response.tag);
-      if (found == in_flight_.end()) continue;
-      unrecorded_.push_back({std::move(found->second), std::move(response), {}, now});
-      in_flight_.erase(found);
     }
-    for (auto it = deferred_.begin(); it != deferred_.end();) {
-      if (it->retry_at > now) {
-        ++it;
-        continue;
-      }
-      it->taken_at = now;
-      unrecorded_.push_back(std::move(*it));
-      it = deferred_.erase(it);
-    }
+    records_.DeferralsDue(now);
   }
 
   void TakeKeyAnswer(const HttpResponse& response) {
@@ -409,21 +384,21 @@ class Dispatcher {
   }
 
   bool RecordingDue(Clock::time_point now) const {
-    if (unrecorded_.empty()) return false;
+    if (records_.answered() == 0) return false;
     const std::size_t batch = static_cast<std::size_t>(std::max(1, settings::max_inflight / 4));
-    return unrecorded_.size() >= batch || in_flight_.empty() || paused_ ||
-           now - unrecorded_.front().taken_at >= kRecordEvery;
+    return records_.answered() >= batch || records_.in_flight() == 0 || paused_ ||
+           now - records_.oldest_answer() >= kRecordEvery;
   }
 
   // Records a batch of answers in one transaction: one commit per batch,
   // never one open while a request is in flight.
-  void RecordFinished(std::vector<Finished> batch) {
+  void RecordAnswered(std::vector<HeldRecord> batch) {
     if (batch.empty()) return;
 
     std::vector<JudgedAnswer> judged;
     judged.reserve(batch.size());
-    for (const Finished& finished : batch) {
-      judged.push_back(Judge(finished));
+    for (const HeldRecord& answered : batch) {
+      judged.push_back(Judge(answered));
       if (judged.back().outcome == Outcome::kBlocked) NameTheCap(judged.back());
     }
     std::vector<Recorded> recorded;
@@ -432,10 +407,7 @@ class Dispatcher {
       // Kept, and recorded once the lock is free; had the lease run out
       // first, the record would be re-sent with its key and Stripe would
       // replay the answer.
-      for (Finished& finished : batch) {
-        finished.retry_at = retry_at;
-        deferred_.push_back(std::move(finished));
-      }
+      for (HeldRecord& answered : batch) records_.RowLocked(std::move(answered), retry_at);
       return;
     }
     for (std::size_t i = 0; i < batch.size(); ++i) {
@@ -443,18 +415,17 @@ class Dispatcher {
     }
   }
 
-  static JudgedAnswer Judge(const Finished& finished) {
+  static JudgedAnswer Judge(const HeldRecord& answered) {
     JudgedAnswer judged;
-    judged.claimed = &finished.done.claimed;
-    judged.search = finished.done.searching;
+    judged.claimed = &answered.claimed;
+    judged.search = answered.searching;
     if (judged.search) {
-      judged.found = ReadSearchAnswer(finished.response, finished.done.claimed.idempotency_key);
-      judged.outcome = JudgeSearch(judged.found, finished.done.claimed.unknown_cycles,
-                                   settings::max_unknown_cycles);
-    } else {
-      judged.charge = ReadChargeAnswer(finished.response);
+      judged.found = ReadSearchAnswer(answered.response, answered.claimed.idempotency_key);
       judged.outcome =
-          JudgeCharge(judged.charge, finished.done.claimed.attempt, settings::max_attempts);
+          JudgeSearch(judged.found, answered.claimed.unknown_cycles, settings::max_unknown_cycles);
+    } else {
+      judged.charge = ReadChargeAnswer(answered.response);
+      judged.outcome = JudgeCharge(judged.charge, answered.claimed.attempt, settings::max_attempts);
     }
     return judged;
   }
@@ -470,31 +441,29 @@ class Dispatcher {
   }
 
   // What follows from a recorded answer. One whose row another session
-  // holds locked waits in deferred_ and is recorded on a later pass.
-  void AfterRecording(Finished finished, const JudgedAnswer& judged, Recorded recorded) {
+  // holds locked is deferred, and recorded on a later pass.
+  void AfterRecording(HeldRecord answered, const JudgedAnswer& judged, Recorded recorded) {
     const Outcome outcome = judged.outcome;
-    const HttpResponse& response = finished.response;
+    const HttpResponse& response = answered.response;
     if (response.status == 0 && !response.request_sent) {
       HoldOffUnreachable(response.transport_error);
     } else if (response.status != 0) {
       unreachable_streak_ = 0;
     }
-    ClaimedRecord& claimed = finished.done.claimed;
+    const ClaimedRecord& claimed = answered.claimed;
     const std::string who = claimed.customer_id + "/" + claimed.billing_period;
     if (recorded == Recorded::kStale) return;
     if (recorded == Recorded::kLocked) {
-      if (!finished.done.deferred) {
+      if (!answered.row_lock_logged) {
         Log(who + ": another session holds its row lock; its answer is recorded once it is free");
       }
-      finished.done.deferred = true;
-      finished.retry_at = Clock::now() + std::chrono::seconds(1);
-      deferred_.push_back(std::move(finished));
+      answered.row_lock_logged = true;
+      records_.RowLocked(std::move(answered), Clock::now() + std::chrono::seconds(1));
       return;
     }
     if (outcome == Outcome::kAbsent) {
       // Not found: send the charge next, same key, paced like any request.
-      claimed.search_first = false;
-      ready_.push_front(std::move(claimed));
+      records_.SearchedAbsent(std::move(answered));
       return;
     }
     // The proxy's cap is no rate limit: only Stripe's 429 slows the pace.
@@ -510,7 +479,7 @@ class Dispatcher {
       // key for the period, which joins its budget. Only the key it was
       // sent with is forgotten: answers to other requests sent with it may
       // come after a new key was obtained.
-      vault_keys_.ForgetExpired(claimed.billing_period, finished.done.vault_key_id);
+      vault_keys_.ForgetExpired(claimed.billing_period, answered.vault_key_id);
     } else if (outcome == Outcome::kPaused) {
       Pause(vault_keys_.through_proxy()
                 ? "the proxy refused the vault key of " + claimed.billing_period + " (HTTP " +
@@ -534,8 +503,7 @@ class Dispatcher {
     if (now < unreachable_until_) return;
     const int seconds = std::min(1 << std::min(unreachable_streak_++, 5), 30);
     unreachable_until_ = now + std::chrono::seconds(seconds);
-    for (const ClaimedRecord& claimed : ready_) ReleaseClaimIfFree(claimed);
-    ready_.clear();
+    ReleaseReady();
     Log("Stripe is unreachable (" + PrintableExcerpt(why, 200) + "), nothing was sent; trying " +
         "again in " + std::to_string(seconds) + " s");
   }
@@ -543,7 +511,7 @@ class Dispatcher {
   int PollMilliseconds() const {
     const auto until =
         std::chrono::duration_cast<std::chrono::milliseconds>(pacer_.UntilNext(Clock::now()));
-    const bool may_send = static_cast<int>(in_flight_.size()) < settings::max_inflight;
+    const bool may_send = static_cast<int>(records_.in_flight()) < settings::max_inflight;
     if (sendable_ && may_send) return static_cast<int>(std::clamp<long>(until.count(), 0, 5));
     return 5;
   }
@@ -561,7 +529,7 @@ class Dispatcher {
       } else if (now < unreachable_until_) {
         timeout_ms =
             std::chrono::duration_cast<std::chrono::milliseconds>(unreachable_until_ - now).count();
-      } else if (!ready_.empty()) {
+      } else if (!records_.ready().empty()) {
         timeout_ms =
             std::chrono::duration_cast<std::chrono::milliseconds>(pacer_.UntilNext(now)).count();
       } else if (!maybe_due_) {
@@ -574,7 +542,8 @@ class Dispatcher {
     // idle worker would hold the end of a burst back until its next
     // transaction, and autovacuum would not see it for weeks. While busy the
     // rate limit holds, and the wait ends when the next flush is allowed.
-    const bool going_idle = in_flight_.empty() && ready_.empty() && timeout_ms != 0;
+    const bool going_idle =
+        records_.in_flight() == 0 && records_.ready().empty() && timeout_ms != 0;
     const long stats_ms = CallPostgres([going_idle] { return pgstat_report_stat(going_idle); });
     if (stats_ms > 0) timeout_ms = timeout_ms > 0 ? std::min(timeout_ms, stats_ms) : timeout_ms;
     if (WaitLatchFor(timeout_ms)) maybe_due_ = true;
@@ -605,11 +574,8 @@ class Dispatcher {
   Clock::time_point claims_wait_until_{};
   bool maybe_due_ = true;
   Clock::time_point next_poll_{};
-  std::deque<ClaimedRecord> ready_;  // claimed, waiting for their paced start
-  bool sendable_ = false;            // one of ready_ has its key: see SendReady
-  std::unordered_map<std::uint64_t, InFlight> in_flight_;
-  std::vector<Finished> unrecorded_;  // answers waiting for RecordingDue
-  std::vector<Finished> deferred_;    // answers whose row was locked
+  DispatchRecords records_;
+  bool sendable_ = false;  // a ready record has its key: see SendReady
   std::uint64_t next_tag_ = 1;
   int64 sent_ = 0;
   Clock::time_point unreachable_until_{};  // see HoldOffUnreachable
