@@ -8,10 +8,7 @@
 // here ever computes a key.
 #include <algorithm>
 #include <chrono>
-#include <deque>
-#include <optional>
 #include <string>
-#include <unordered_map>
 #include <utility>
 
 #include "http_client.hpp"
