@@ -322,7 +322,8 @@ class Dispatcher {
       const auto now = Clock::now();
       if (now < unreachable_until_) break;
       if (static_cast<int>(records_.in_flight()) >= settings::max_inflight || !pacer_.Ready(now)) {
-        sendable_ = std::any_of(ready.begin() + static_cast<std::ptrdiff_t>(next), ready.end(),
+        sendable_ = !vault_keys_.Asking() ||
+                    std::any_of(ready.begin() + static_cast<std::ptrdiff_t>(next), ready.end(),
                                 [&](const HeldRecord& record) {
                                   return !vault_keys_.AskingFor(record.claimed.billing_period);
                                 });
