@@ -34,6 +34,7 @@ OBJS = \
 	extension/workers/billing_database.o \
 	extension/workers/database_statements.o \
 	extension/workers/dispatch_queue.o \
+	extension/workers/dispatch_records.o \
 	extension/workers/dispatcher.o \
 	extension/workers/dispatcher_main.o \
 	extension/workers/dispatcher_wakeup.o \
@@ -43,6 +44,7 @@ OBJS = \
 	extension/workers/scheduler.o \
 	extension/workers/served_databases.o \
 	extension/workers/vault_credentials.o \
+	extension/workers/worker_signals.o \
 	extension/postgres/pg_boundary.o \
 	extension/postgres/shared_state.o \
 	extension/postgres/spi_transaction.o \

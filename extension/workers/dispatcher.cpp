@@ -1,25 +1,24 @@
 // The dispatcher's loop (see dispatcher.hpp).
 //
-// Crash-only: any database error ends the worker and the postmaster starts
-// it again after bgw_restart_time; rows it left 'dispatching' are re-sent
-// with their stored key. Nothing here ever computes a key.
+// Crash-only: any database error ends the worker, and the launcher starts
+// another after 2 s (launcher.cpp; dispatchers are registered with
+// BGW_NEVER_RESTART, so the postmaster never restarts one, and after a crash
+// of any process it restarts only the launcher, which starts them again).
+// Rows it left 'dispatching' are re-sent with their stored key. Nothing
+// here ever computes a key.
+#include <algorithm>
 #include <chrono>
-#include <deque>
-#include <optional>
 #include <string>
-#include <unordered_map>
 #include <utility>
 
-#include "common/api_key.hpp"
 #include "common/http_client.hpp"
-#include "common/issuer_token.hpp"
 #include "common/rate_pacer.hpp"
 #include "common/stripe_request.hpp"
 #include "common/stripe_response.hpp"
-#include "common/vault_key_request.hpp"
 
 #include "workers/billing_database.hpp"
 #include "workers/dispatch_queue.hpp"
+#include "workers/dispatch_records.hpp"
 #include "workers/dispatcher.hpp"
 #include "settings/dispatcher_settings.hpp"
 #include "workers/lock_waits.hpp"
@@ -54,25 +53,14 @@ void Log(const std::string& message) {
 // tried again, on top of the lock_timeout it waited already.
 constexpr auto kLockRetry = std::chrono::seconds(2);
 
-// SIGTERM: stop at the next pass of the loop, and cancel whatever the worker
-// may be waiting in (a lock, a slow statement) as a query cancel would, so
-// that the pass comes at once. The transaction it cancels was going to be
-// lost anyway; what it would have recorded is re-sent with the same keys.
-void HandleSigterm(SIGNAL_ARGS) {
-  const int saved_errno = errno;
-  ShutdownRequestPending = true;
-  QueryCancelPending = true;
-  InterruptPending = true;
-  SetLatch(MyLatch);
-  errno = saved_errno;
-}
-
 class Dispatcher {
  public:
-  Dispatcher() : http_(settings::request_timeout_ms), pacer_(settings::max_requests_per_second) {}
+  Dispatcher()
+      : http_(settings::request_timeout_ms),
+        pacer_(settings::max_requests_per_second),
+        vault_keys_(kUserAgent) {}
 
   void Run() {
-    pqsignal(SIGTERM, HandleSigterm);
     try {
       LoadSettings();
       WaitForExtension();
@@ -84,7 +72,7 @@ class Dispatcher {
         if (ConfigReloadPending) Reload();
         if (Clock::now() >= next_identity_check_) CheckBillingDatabase();
         if (halt_reason_.empty()) TickScheduler();
-        TakeFinished(http_.Poll(in_flight_.empty() ? 0 : PollMilliseconds()));
+        TakeFinished(http_.Poll(Transferring() ? PollMilliseconds() : 0));
         // Freed slots are refilled (from the records claimed ahead, then
         // from a claim) before anything is recorded, so that no slot idles
         // while a transaction runs.
@@ -101,17 +89,17 @@ class Dispatcher {
           }
         }
         SendReady();
-        if (RecordingDue(Clock::now())) RecordFinished(std::exchange(unrecorded_, {}));
+        if (RecordingDue(Clock::now())) RecordAnswered(records_.TakeAnswered());
         PublishStatus();
         Wait();
       }
     } catch (const PostgresError&) {
-      // SIGTERM cancelled a statement or a wait (see HandleSigterm).
+      // SIGTERM cancelled a statement or a wait (see worker_signals.hpp).
       if (!ShutdownRequestPending) throw;
     }
     QueryCancelPending = false;  // nothing is left to cancel, and the line below must not be
-    const std::size_t unrecorded = unrecorded_.size() + deferred_.size();
-    Log("stopping with " + std::to_string(in_flight_.size()) + " requests in flight" +
+    const std::size_t unrecorded = records_.answered() + records_.deferred();
+    Log("stopping with " + std::to_string(records_.in_flight()) + " requests in flight" +
         (unrecorded > 0 ? " and " + std::to_string(unrecorded) + " answers not yet recorded" : "") +
         "; they are re-sent with the same key at the next start");
     http_.AbortAll();
@@ -119,20 +107,6 @@ class Dispatcher {
 
  private:
   using Clock = std::chrono::steady_clock;
-
-  struct InFlight {
-    ClaimedRecord claimed;
-    bool searching = false;
-    bool deferred = false;     // its row was locked when its answer came
-    std::string vault_key_id;  // through the proxy: the key it was sent with
-  };
-  // A request that finished, its answer waiting to be recorded.
-  struct Finished {
-    InFlight done;
-    HttpResponse response;
-    Clock::time_point retry_at{};  // when deferred: the next try
-    Clock::time_point taken_at{};
-  };
 
   // Answers are recorded a batch at a time, a quarter of max_inflight or
   // what came in over kRecordEvery, whichever is first, so that each
@@ -147,22 +121,7 @@ class Dispatcher {
   void LoadSettings() {
     http_.set_timeout_ms(settings::request_timeout_ms);
     pacer_.set_rate(settings::max_requests_per_second);
-    // Through the proxy, each period's vault key is obtained with the
-    // issuer token; otherwise the one key of api_key_file bills everything.
-    through_proxy_ = settings::vault_issuer_token_file[0] != '\0';
-    vault_keys_.clear();
-    std::string error;
-    if (through_proxy_) {
-      const IssuerTokenResult loaded = LoadIssuerToken(settings::vault_issuer_token_file);
-      issuer_token_ = loaded.token;
-      direct_key_ = {};
-      error = loaded.error;
-    } else {
-      const ApiKeyResult loaded = LoadApiKey(settings::api_key_file);
-      direct_key_ = VaultCredential{"", loaded.key, 0};
-      issuer_token_.clear();
-      error = loaded.error;
-    }
+    const std::string error = vault_keys_.Load();
     if (!error.empty()) {
       Pause(error);
     } else if (paused_) {
@@ -195,7 +154,7 @@ class Dispatcher {
     status.paused = paused_ || !halt_reason_.empty();
     strlcpy(status.pause_reason, (halt_reason_.empty() ? pause_reason_ : halt_reason_).c_str(),
             sizeof(status.pause_reason));
-    status.in_flight = static_cast<int>(in_flight_.size());
+    status.in_flight = static_cast<int>(records_.in_flight());
     status.requests_sent = sent_;
     const std::string& scheduler_waits = SchedulerWaitingFor();
     const std::string waiting = waiting_for_ +
@@ -238,8 +197,7 @@ class Dispatcher {
       maybe_due_ = true;
     } else {
       Log(reason);
-      for (const ClaimedRecord& claimed : ready_) ReleaseClaimIfFree(claimed);
-      ready_.clear();
+      ReleaseReady();
     }
     halt_reason_ = reason;
     PublishStatus();
@@ -289,12 +247,14 @@ class Dispatcher {
     }
   }
 
-  // A claimed record that is not sent goes back to the queue; when its row
-  // is locked it waits for its lease to run out instead.
-  void ReleaseClaimIfFree(const ClaimedRecord& claimed) {
-    Clock::time_point ignored{};
-    UnlessLockWait("returning a claimed record to the queue", ignored,
-                   [&] { ReleaseClaim(claimed); });
+  // Claimed records that are not sent go back to the queue; one whose row
+  // is locked waits for its lease to run out instead.
+  void ReleaseReady() {
+    for (const ClaimedRecord& claimed : records_.Released()) {
+      Clock::time_point ignored{};
+      UnlessLockWait("returning a claimed record to the queue", ignored,
+                     [&] { ReleaseClaim(claimed); });
+    }
   }
 
   void Pause(const std::string& reason) {
@@ -303,8 +263,7 @@ class Dispatcher {
     pause_reason_ = reason;
     // Claimed but unsent records go back to the queue at once, rather than
     // waiting in 'dispatching' for their lease to expire.
-    for (const ClaimedRecord& claimed : ready_) ReleaseClaimIfFree(claimed);
-    ready_.clear();
+    ReleaseReady();
     Log("paused: " + reason + "; fix it and reload the configuration (SIGHUP)");
   }
 
@@ -336,11 +295,11 @@ class Dispatcher {
   // configured rate, so a lease is never held long before its request
   // leaves. True when it ran a claim.
   bool ClaimIntoReadyQueue(Clock::time_point now) {
-    const int claimed_unsent = static_cast<int>(ready_.size());
+    const int claimed_unsent = static_cast<int>(records_.ready().size());
     const int ahead = std::max(1, settings::max_inflight / 2);
     const int per_fifth = std::max(1, static_cast<int>(pacer_.Rate(now) / 5));
     const int wanted = std::min(
-        settings::max_inflight + ahead - static_cast<int>(in_flight_.size()) - claimed_unsent,
+        settings::max_inflight + ahead - static_cast<int>(records_.in_flight()) - claimed_unsent,
         per_fifth - claimed_unsent);
     if (wanted <= 0 || (wanted < std::min(ahead / 2, per_fifth) && claimed_unsent > 0)) {
       return false;
@@ -348,155 +307,96 @@ class Dispatcher {
     std::vector<ClaimedRecord> claimed = ClaimDueRecords(wanted);
     maybe_due_ = static_cast<int>(claimed.size()) == wanted;
     if (!maybe_due_) next_poll_ = now + std::chrono::milliseconds(settings::poll_interval_ms);
-    for (auto& c : claimed) ready_.push_back(std::move(c));
+    for (auto& c : claimed) records_.Claimed(std::move(c));
     return true;
   }
 
+  // Sends the ready records, paced, up to max_inflight. A record whose
+  // period's vault key is being obtained stays ready and holds back no
+  // other: it is sent on a pass after the key has come.
   void SendReady() {
     bool sent = false;
-    while (!ready_.empty() && !paused_ &&
-           static_cast<int>(in_flight_.size()) < settings::max_inflight) {
+    sendable_ = false;
+    const auto& ready = records_.ready();
+    for (std::size_t next = 0; next < ready.size() && !paused_;) {
       const auto now = Clock::now();
-      if (!pacer_.Ready(now) || now < unreachable_until_) break;
-      // A copy: obtaining a key may give the ready records back.
-      const std::string period = ready_.front().billing_period;
-      const VaultCredential* key = KeyFor(period);
-      if (key == nullptr) break;  // paused or holding off: see ObtainVaultKey
+      if (now < unreachable_until_) break;
+      if (static_cast<int>(records_.in_flight()) >= settings::max_inflight || !pacer_.Ready(now)) {
+        sendable_ = !vault_keys_.Asking() ||
+                    std::any_of(ready.begin() + static_cast<std::ptrdiff_t>(next), ready.end(),
+                                [&](const HeldRecord& record) {
+                                  return !vault_keys_.AskingFor(record.claimed.billing_period);
+                                });
+        break;
+      }
+      const VaultCredential* key = vault_keys_.KeyFor(ready[next].claimed.billing_period, http_);
+      if (key == nullptr) {
+        ++next;
+        continue;
+      }
       pacer_.Take(now);
-      ClaimedRecord claimed = std::move(ready_.front());
-      ready_.pop_front();
-      const bool search = claimed.search_first;
-      Send(std::move(claimed), search, *key);
+      Send(next, *key);
       sent = true;
     }
     // Out now, not after the transactions that follow in this pass.
     if (sent) http_.Start();
   }
 
-  void Send(ClaimedRecord claimed, bool search, const VaultCredential& key) {
+  // Whether anything is on the HTTP client: requests, or a POST /keys.
+  bool Transferring() const { return records_.in_flight() > 0 || vault_keys_.Asking(); }
+
+  // Sends the index-th ready record: a search first when it must reconcile.
+  void Send(std::size_t index, const VaultCredential& key) {
     const StripeAccount account{settings::api_base, key.vault_key, settings::stripe_version,
                                 kUserAgent};
     const std::uint64_t tag = next_tag_++;
-    HttpRequest request =
-        search
-            ? SearchRequest(account, claimed.endpoint, claimed.idempotency_key, tag)
-            : ChargeRequest(account, claimed.endpoint, claimed.body, claimed.idempotency_key, tag);
-    in_flight_.emplace(tag, InFlight{std::move(claimed), search, false, key.key_id});
-    http_.Submit(std::move(request));
+    const bool search = records_.ready()[index].claimed.search_first;
+    const ClaimedRecord& claimed = records_.Sent(index, tag, search, key.key_id).claimed;
+    http_.Submit(search ? SearchRequest(account, claimed.endpoint, claimed.idempotency_key, tag)
+                        : ChargeRequest(account, claimed.endpoint, claimed.body,
+                                        claimed.idempotency_key, tag));
     ++sent_;
   }
 
-  // The key a request of `period` is sent with: api_key_file's, or through
-  // the proxy the period's vault key, kept in memory, else in
-  // billguard.vault_credentials, else obtained now. nullptr when there is
-  // none to send with (the dispatcher paused or holds off).
-  const VaultCredential* KeyFor(const std::string& period) {
-    if (!through_proxy_) return &direct_key_;
-    auto found = vault_keys_.find(period);
-    if (found == vault_keys_.end()) {
-      std::optional<VaultCredential> kept =
-          LookupVaultCredential(settings::api_base, period, kVaultCurrency);
-      if (!kept) kept = ObtainVaultKey(period);
-      if (!kept) return nullptr;
-      found = vault_keys_.emplace(period, std::move(*kept)).first;
-    }
-    return &found->second;
-  }
-
-  // POST /keys to the proxy before the period's first request: the cap is
-  // the period's claimed total times vault_cap_headroom, computed in SQL.
-  // A key lost (a restored database, a crash before it was stored) is
-  // simply issued again: the proxy joins it to the period's budget. When
-  // the budget exists with another cap (more records claimed since the
-  // first key), the proxy answers 409 with that cap, and the key is asked
-  // for again at it: billing goes on, and what the cap has no room for is
-  // blocked. The HTTP request is made with no transaction open.
-  std::optional<VaultCredential> ObtainVaultKey(const std::string& period) {
-    VaultKeyAsk ask =
-        VaultKeyRequestBody(period, settings::stripe_endpoint, settings::vault_cap_headroom, {});
-    IssuedVaultKey issued = AskProxyForKey(ask);
-    if (issued.existing_cap_cents) {
-      Log("the proxy already has a budget for " + period + " with a cap of " +
-          Usd(*issued.existing_cap_cents) + " USD, not the " + Usd(ask.cap_cents) +
-          " USD asked (records were claimed after its first key was issued): billing joins it " +
-          "at its cap, and charges past it are blocked until an admin raises the cap");
-      ask = VaultKeyRequestBody(period, settings::stripe_endpoint, settings::vault_cap_headroom,
-                                issued.existing_cap_cents);
-      issued = AskProxyForKey(ask);
-    }
-    if (issued.vault_key.empty()) {
-      const std::string why = "the proxy issued no vault key for " + period + " (HTTP " +
-                              std::to_string(issued.http_status) + ": " + issued.message + ")";
-      // A refused token or request (api_base not a proxy, say) waits for a
-      // person; an unreachable or failing proxy is tried again.
-      if (issued.http_status >= 400 && issued.http_status < 500) {
-        Pause(why);
-      } else {
-        HoldOffUnreachable(why);
-      }
-      return std::nullopt;
-    }
-    VaultCredential credential{issued.key_id, issued.vault_key, ask.cap_cents};
-    StoreVaultCredential(settings::api_base, period, kVaultCurrency, credential);
-    Log("obtained vault key " + credential.key_id + " for " + period + ", cap " +
-        Usd(credential.cap_cents) + " USD");
-    return credential;
-  }
-
-  IssuedVaultKey AskProxyForKey(const VaultKeyAsk& ask) {
-    HttpClient client(settings::request_timeout_ms);
-    client.Submit(VaultKeyRequest(settings::api_base, issuer_token_, ask.json_body, kUserAgent));
-    std::vector<HttpResponse> answers;
-    while (answers.empty() && !ShutdownRequestPending) answers = client.Poll(100);
-    if (answers.empty()) {
-      client.AbortAll();
-      return IssuedVaultKey{0, "", "", std::nullopt, "stopping"};
-    }
-    return ReadIssuedVaultKey(answers.front());
-  }
-
-  static std::string Usd(long long cents) {
-    const long long fraction = cents % 100;
-    return std::to_string(cents / 100) + (fraction < 10 ? ".0" : ".") + std::to_string(fraction);
-  }
-
-  // Moves the requests whose transfers finished out of in_flight_, and the
-  // deferred answers now due, to the answers waiting to be recorded.
+  // The records whose requests finished are answered, and so are the
+  // deferred ones now due: they wait to be recorded.
   void TakeFinished(std::vector<HttpResponse> responses) {
     const auto now = Clock::now();
     for (HttpResponse& response : responses) {
-      auto found = in_flight_.find(response.tag);
-      if (found == in_flight_.end()) continue;
-      unrecorded_.push_back({std::move(found->second), std::move(response), {}, now});
-      in_flight_.erase(found);
-    }
-    for (auto it = deferred_.begin(); it != deferred_.end();) {
-      if (it->retry_at > now) {
-        ++it;
-        continue;
+      if (VaultKeys::IsKeyAnswer(response)) {
+        TakeKeyAnswer(response);
+      } else {
+        records_.Answered(std::move(response), now);
       }
-      it->taken_at = now;
-      unrecorded_.push_back(std::move(*it));
-      it = deferred_.erase(it);
+    }
+    records_.DeferralsDue(now);
+  }
+
+  void TakeKeyAnswer(const HttpResponse& response) {
+    const VaultKeyAnswer answer = vault_keys_.TakeAnswer(response, http_);
+    if (answer.next == VaultKeyAnswer::Next::kPause) {
+      Pause(answer.why);
+    } else if (answer.next == VaultKeyAnswer::Next::kHoldOff) {
+      HoldOffUnreachable(answer.why);
     }
   }
 
   bool RecordingDue(Clock::time_point now) const {
-    if (unrecorded_.empty()) return false;
+    if (records_.answered() == 0) return false;
     const std::size_t batch = static_cast<std::size_t>(std::max(1, settings::max_inflight / 4));
-    return unrecorded_.size() >= batch || in_flight_.empty() || paused_ ||
-           now - unrecorded_.front().taken_at >= kRecordEvery;
+    return records_.answered() >= batch || records_.in_flight() == 0 || paused_ ||
+           now - records_.oldest_answer() >= kRecordEvery;
   }
 
   // Records a batch of answers in one transaction: one commit per batch,
   // never one open while a request is in flight.
-  void RecordFinished(std::vector<Finished> batch) {
+  void RecordAnswered(std::vector<HeldRecord> batch) {
     if (batch.empty()) return;
 
     std::vector<JudgedAnswer> judged;
     judged.reserve(batch.size());
-    for (const Finished& finished : batch) {
-      judged.push_back(Judge(finished));
+    for (const HeldRecord& answered : batch) {
+      judged.push_back(Judge(answered));
       if (judged.back().outcome == Outcome::kBlocked) NameTheCap(judged.back());
     }
     std::vector<Recorded> recorded;
@@ -505,10 +405,7 @@ class Dispatcher {
       // Kept, and recorded once the lock is free; had the lease run out
       // first, the record would be re-sent with its key and Stripe would
       // replay the answer.
-      for (Finished& finished : batch) {
-        finished.retry_at = retry_at;
-        deferred_.push_back(std::move(finished));
-      }
+      for (HeldRecord& answered : batch) records_.RowLocked(std::move(answered), retry_at);
       return;
     }
     for (std::size_t i = 0; i < batch.size(); ++i) {
@@ -516,18 +413,17 @@ class Dispatcher {
     }
   }
 
-  static JudgedAnswer Judge(const Finished& finished) {
+  static JudgedAnswer Judge(const HeldRecord& answered) {
     JudgedAnswer judged;
-    judged.claimed = &finished.done.claimed;
-    judged.search = finished.done.searching;
+    judged.claimed = &answered.claimed;
+    judged.search = answered.searching;
     if (judged.search) {
-      judged.found = ReadSearchAnswer(finished.response, finished.done.claimed.idempotency_key);
-      judged.outcome = JudgeSearch(judged.found, finished.done.claimed.unknown_cycles,
-                                   settings::max_unknown_cycles);
-    } else {
-      judged.charge = ReadChargeAnswer(finished.response);
+      judged.found = ReadSearchAnswer(answered.response, answered.claimed.idempotency_key);
       judged.outcome =
-          JudgeCharge(judged.charge, finished.done.claimed.attempt, settings::max_attempts);
+          JudgeSearch(judged.found, answered.claimed.unknown_cycles, settings::max_unknown_cycles);
+    } else {
+      judged.charge = ReadChargeAnswer(answered.response);
+      judged.outcome = JudgeCharge(judged.charge, answered.claimed.attempt, settings::max_attempts);
     }
     return judged;
   }
@@ -536,43 +432,36 @@ class Dispatcher {
   // its last_error, its BillingBlocked event and the log.
   void NameTheCap(JudgedAnswer& judged) const {
     const ClaimedRecord& claimed = *judged.claimed;
-    const auto found = vault_keys_.find(claimed.billing_period);
-    std::string cap = "the period's vault cap";
-    if (found != vault_keys_.end()) {
-      cap +=
-          " is " + Usd(found->second.cap_cents) + " USD (vault key " + found->second.key_id + ")";
-    }
+    const std::string cap = vault_keys_.DescribeCap(claimed.billing_period);
     judged.charge.message = PrintableExcerpt(judged.charge.message + "; " + cap, 500);
     Log(claimed.customer_id + "/" + claimed.billing_period +
         " is blocked: " + judged.charge.message);
   }
 
   // What follows from a recorded answer. One whose row another session
-  // holds locked waits in deferred_ and is recorded on a later pass.
-  void AfterRecording(Finished finished, const JudgedAnswer& judged, Recorded recorded) {
+  // holds locked is deferred, and recorded on a later pass.
+  void AfterRecording(HeldRecord answered, const JudgedAnswer& judged, Recorded recorded) {
     const Outcome outcome = judged.outcome;
-    const HttpResponse& response = finished.response;
+    const HttpResponse& response = answered.response;
     if (response.status == 0 && !response.request_sent) {
       HoldOffUnreachable(response.transport_error);
     } else if (response.status != 0) {
       unreachable_streak_ = 0;
     }
-    ClaimedRecord& claimed = finished.done.claimed;
+    const ClaimedRecord& claimed = answered.claimed;
     const std::string who = claimed.customer_id + "/" + claimed.billing_period;
     if (recorded == Recorded::kStale) return;
     if (recorded == Recorded::kLocked) {
-      if (!finished.done.deferred) {
+      if (!answered.row_lock_logged) {
         Log(who + ": another session holds its row lock; its answer is recorded once it is free");
       }
-      finished.done.deferred = true;
-      finished.retry_at = Clock::now() + std::chrono::seconds(1);
-      deferred_.push_back(std::move(finished));
+      answered.row_lock_logged = true;
+      records_.RowLocked(std::move(answered), Clock::now() + std::chrono::seconds(1));
       return;
     }
     if (outcome == Outcome::kAbsent) {
       // Not found: send the charge next, same key, paced like any request.
-      claimed.search_first = false;
-      ready_.push_front(std::move(claimed));
+      records_.SearchedAbsent(std::move(answered));
       return;
     }
     // The proxy's cap is no rate limit: only Stripe's 429 slows the pace.
@@ -582,22 +471,15 @@ class Dispatcher {
     }
     if (judged.search && outcome == Outcome::kNeedsReview) {
       Log(who + " is needs_review: " + judged.found.message);
-    } else if (outcome == Outcome::kPaused && through_proxy_ && !judged.search &&
+    } else if (outcome == Outcome::kPaused && vault_keys_.through_proxy() && !judged.search &&
                judged.charge.error_code == "vault_key_expired") {
       // Recorded as not counted and due now: the next send obtains a new
       // key for the period, which joins its budget. Only the key it was
       // sent with is forgotten: answers to other requests sent with it may
       // come after a new key was obtained.
-      const auto found = vault_keys_.find(claimed.billing_period);
-      if (found != vault_keys_.end() && found->second.key_id == finished.done.vault_key_id) {
-        Log("the vault key " + found->second.key_id + " of " + claimed.billing_period +
-            " expired; obtaining a new one");
-        ForgetVaultCredential(settings::api_base, claimed.billing_period, kVaultCurrency,
-                              found->second.key_id);
-        vault_keys_.erase(found);
-      }
+      vault_keys_.ForgetExpired(claimed.billing_period, answered.vault_key_id);
     } else if (outcome == Outcome::kPaused) {
-      Pause(through_proxy_
+      Pause(vault_keys_.through_proxy()
                 ? "the proxy refused the vault key of " + claimed.billing_period + " (HTTP " +
                       std::to_string(response.status) + " " + judged.charge.error_code + ")"
                 : "Stripe refused the API key (HTTP " + std::to_string(response.status) + ")");
@@ -619,8 +501,7 @@ class Dispatcher {
     if (now < unreachable_until_) return;
     const int seconds = std::min(1 << std::min(unreachable_streak_++, 5), 30);
     unreachable_until_ = now + std::chrono::seconds(seconds);
-    for (const ClaimedRecord& claimed : ready_) ReleaseClaimIfFree(claimed);
-    ready_.clear();
+    ReleaseReady();
     Log("Stripe is unreachable (" + PrintableExcerpt(why, 200) + "), nothing was sent; trying " +
         "again in " + std::to_string(seconds) + " s");
   }
@@ -628,24 +509,25 @@ class Dispatcher {
   int PollMilliseconds() const {
     const auto until =
         std::chrono::duration_cast<std::chrono::milliseconds>(pacer_.UntilNext(Clock::now()));
-    const bool may_send = static_cast<int>(in_flight_.size()) < settings::max_inflight;
-    if (!ready_.empty() && may_send) return static_cast<int>(std::clamp<long>(until.count(), 0, 5));
+    const bool may_send = static_cast<int>(records_.in_flight()) < settings::max_inflight;
+    if (sendable_ && may_send) return static_cast<int>(std::clamp<long>(until.count(), 0, 5));
     return 5;
   }
 
   // Sleeps until there may be work: a wake-up after a commit, the next
-  // paced send, the poll interval. With requests in flight the HTTP poll
-  // above was the wait, so this only collects a pending wake-up.
+  // paced send, the poll interval. With requests (or a POST /keys) in
+  // flight the HTTP poll above was the wait, so this only collects a
+  // pending wake-up.
   void Wait() {
     long timeout_ms = 0;
-    if (in_flight_.empty()) {
+    if (!Transferring()) {
       const auto now = Clock::now();
       if (paused_) {
         timeout_ms = settings::poll_interval_ms;
       } else if (now < unreachable_until_) {
         timeout_ms =
             std::chrono::duration_cast<std::chrono::milliseconds>(unreachable_until_ - now).count();
-      } else if (!ready_.empty()) {
+      } else if (!records_.ready().empty()) {
         timeout_ms =
             std::chrono::duration_cast<std::chrono::milliseconds>(pacer_.UntilNext(now)).count();
       } else if (!maybe_due_) {
@@ -658,7 +540,8 @@ class Dispatcher {
     // idle worker would hold the end of a burst back until its next
     // transaction, and autovacuum would not see it for weeks. While busy the
     // rate limit holds, and the wait ends when the next flush is allowed.
-    const bool going_idle = in_flight_.empty() && ready_.empty() && timeout_ms != 0;
+    const bool going_idle =
+        records_.in_flight() == 0 && records_.ready().empty() && timeout_ms != 0;
     const long stats_ms = CallPostgres([going_idle] { return pgstat_report_stat(going_idle); });
     if (stats_ms > 0) timeout_ms = timeout_ms > 0 ? std::min(timeout_ms, stats_ms) : timeout_ms;
     if (WaitLatchFor(timeout_ms)) maybe_due_ = true;
@@ -676,17 +559,9 @@ class Dispatcher {
     });
   }
 
-  // The proxy's budgets are in USD (POST /keys names no currency); a record
-  // in another currency is refused by it (403 currency_not_allowed) and
-  // ends blocked.
-  static constexpr const char* kVaultCurrency = "usd";
-
   HttpClient http_;
   RatePacer pacer_;
-  VaultCredential direct_key_;  // api_key_file's key, when not through the proxy
-  bool through_proxy_ = false;  // billguard.vault_issuer_token_file is set
-  std::string issuer_token_;
-  std::unordered_map<std::string, VaultCredential> vault_keys_;  // by billing period
+  VaultKeys vault_keys_;
   bool paused_ = false;
   std::string pause_reason_;
   std::string halt_reason_;  // see CheckBillingDatabase
@@ -697,10 +572,8 @@ class Dispatcher {
   Clock::time_point claims_wait_until_{};
   bool maybe_due_ = true;
   Clock::time_point next_poll_{};
-  std::deque<ClaimedRecord> ready_;  // claimed, waiting for their paced start
-  std::unordered_map<std::uint64_t, InFlight> in_flight_;
-  std::vector<Finished> unrecorded_;  // answers waiting for RecordingDue
-  std::vector<Finished> deferred_;    // answers whose row was locked
+  DispatchRecords records_;
+  bool sendable_ = false;  // a ready record has its key: see SendReady
   std::uint64_t next_tag_ = 1;
   int64 sent_ = 0;
   Clock::time_point unreachable_until_{};  // see HoldOffUnreachable

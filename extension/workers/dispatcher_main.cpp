@@ -11,6 +11,7 @@
 #include "settings/dispatcher_settings.hpp"
 #include "postgres/shared_state.hpp"
 #include "postgres/wait_events.hpp"
+#include "workers/worker_signals.hpp"
 
 #include "settings/settings.hpp"
 
@@ -136,9 +137,7 @@ bool StartDispatcher(Oid database, const char* name, BackgroundWorkerHandle** ha
 }  // namespace billguard
 
 extern "C" void billguard_dispatcher_main(Datum arg) {
-  pqsignal(SIGHUP, SignalHandlerForConfigReload);
-  pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
-  BackgroundWorkerUnblockSignals();
+  billguard::InstallWorkerSignals(billguard::OnSigterm::kShutdownCancellingWaits);
   strlcpy(billguard::database_name, MyBgworkerEntry->bgw_extra, NAMEDATALEN);
   billguard::database_context.callback = billguard::DatabaseContext;
   billguard::database_context.previous = error_context_stack;
@@ -156,6 +155,12 @@ extern "C" void billguard_dispatcher_main(Datum arg) {
       billguard::CallPostgres([] { on_proc_exit(billguard::ShutdownHttpAtExit, 0); });
       billguard::RunDispatcher();
     } catch (const std::exception& failure) {
+      // SIGTERM cancelled a statement or a wait (see worker_signals.hpp):
+      // a shutdown, not a failure.
+      if (ShutdownRequestPending && dynamic_cast<const billguard::PostgresError*>(&failure)) {
+        QueryCancelPending = false;
+        return 0;
+      }
       // Kept for dispatch_status while the launcher starts the next one.
       billguard::CallPostgres([&] { billguard::PublishDispatcherFailure(failure.what()); });
       throw;

@@ -9,6 +9,7 @@
 #include "postgres/shared_state.hpp"
 #include "postgres/spi_transaction.hpp"
 #include "postgres/wait_events.hpp"
+#include "workers/worker_signals.hpp"
 
 extern "C" {
 #include "miscadmin.h"
@@ -94,7 +95,7 @@ void ProbeHistory(Oid database, const char* name, bool* has_history, int64* bill
 }  // namespace billguard
 
 extern "C" void billguard_history_probe_main(Datum arg) {
-  BackgroundWorkerUnblockSignals();
+  billguard::InstallWorkerSignals(billguard::OnSigterm::kExitAtOnce);
   const Oid database = DatumGetObjectId(arg);
   const int holder = atoi(MyBgworkerEntry->bgw_extra);
   // Also a database that does not allow connections: the owner's way to a

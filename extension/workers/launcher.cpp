@@ -21,6 +21,7 @@
 #include "workers/served_databases.hpp"
 #include "postgres/shared_state.hpp"
 #include "postgres/wait_events.hpp"
+#include "workers/worker_signals.hpp"
 
 extern "C" {
 #include "miscadmin.h"
@@ -53,14 +54,59 @@ void Log(int level, const std::string& message) {
   CallPostgres([&] { ereport(level, (errmsg("billguard launcher: %s", message.c_str()))); });
 }
 
+// A served database, as this launcher sees it (extension/workers/README.md
+// draws the transitions). Whether a dispatcher of another launcher serves
+// it, or a statement holds it, is read from shared memory at each pass.
+enum class DatabaseState {
+  kNotStarted,      // no dispatcher started here yet: the next one probes it
+  kRunning,         // a dispatcher this launcher started runs (handle)
+  kWaitingForSlot,  // a start found no free worker slot: tried again every kSlotRetryMs
+  kRestartPending,  // its dispatcher served and stopped: started again at restart_at
+  kNoExtension,     // its dispatcher found no extension: started again when an entry appears
+};
+
+// The transitions are the methods below; nothing else changes `state`.
 struct Watched {
   std::string name;
-  // The dispatcher this launcher started, until it has stopped.
-  BackgroundWorkerHandle* handle = nullptr;
-  // A dispatcher was started here: if it left no entry, there is no extension.
-  bool probed = false;
+  DatabaseState state = DatabaseState::kNotStarted;
+  BackgroundWorkerHandle* handle = nullptr;  // kRunning
+  // No start before this: set when a dispatcher that served stopped.
   TimestampTz restart_at = 0;
-  bool waiting_for_slot = false;
+
+  // Started: any state but kRunning -> kRunning.
+  void Started(BackgroundWorkerHandle* started) {
+    state = DatabaseState::kRunning;
+    handle = started;
+  }
+  // NoSlot: kNotStarted, kRestartPending, kNoExtension -> kWaitingForSlot.
+  // False when it waited already (the log said so once).
+  bool NoSlot() {
+    const bool first = state != DatabaseState::kWaitingForSlot;
+    state = DatabaseState::kWaitingForSlot;
+    return first;
+  }
+  // Stopped: kRunning -> kRestartPending when the database has an entry
+  // (its dispatcher found the extension), else kNoExtension. The handle is
+  // freed.
+  void Stopped(bool left_entry, TimestampTz now) {
+    CallPostgres([this] { pfree(handle); });
+    handle = nullptr;
+    if (left_entry) {
+      state = DatabaseState::kRestartPending;
+      restart_at = TimestampTzPlusMilliseconds(now, kRestartDelayMs);
+    } else {
+      state = DatabaseState::kNoExtension;
+    }
+  }
+  // Whether a dispatcher may be started now, given whether the database
+  // has an entry (the extension, as far as shared memory knows): with one,
+  // from restart_at on; without, only to probe it (kNotStarted, or waiting
+  // for a slot to: an entry goes only while a dispatcher runs).
+  bool MayStart(bool has_entry, TimestampTz now) const {
+    if (state == DatabaseState::kRunning) return false;
+    if (has_entry) return now >= restart_at;
+    return state == DatabaseState::kNotStarted || state == DatabaseState::kWaitingForSlot;
+  }
 };
 
 class Launcher {
@@ -142,30 +188,27 @@ class Launcher {
     for (auto& item : databases_) {
       const Oid database = item.first;
       Watched& watched = item.second;
-      if (BackgroundWorkerHandle* handle = watched.handle) {
+      if (watched.state == DatabaseState::kRunning) {
+        BackgroundWorkerHandle* handle = watched.handle;
         pid_t pid = 0;
         const BgwHandleStatus status =
             CallPostgres([handle, &pid] { return GetBackgroundWorkerPid(handle, &pid); });
         if (status != BGWH_STOPPED && status != BGWH_POSTMASTER_DIED) continue;
-        CallPostgres([handle] { pfree(handle); });
-        watched.handle = nullptr;
         // One that served is started again after a delay, so that a
         // dispatcher failing at once does not spin; its database may be
         // gone (DROP DATABASE ... WITH (FORCE)): look before starting another.
-        if (entries.count(database) != 0) {
-          watched.restart_at = TimestampTzPlusMilliseconds(now, kRestartDelayMs);
-          dispatcher_stopped_ = true;
-        }
+        const bool left_entry = entries.count(database) != 0;
+        watched.Stopped(left_entry, now);
+        if (left_entry) dispatcher_stopped_ = true;
       }
       const auto entry = entries.find(database);
       if (entry != entries.end() && entry->second != 0) continue;  // served
       // A statement that needs it without connections runs (DROP DATABASE,
       // RENAME, a TEMPLATE copy): neither a dispatcher nor a probe now.
       if (CallPostgres([database] { return IsHeld(database); })) continue;
-      const bool has_extension = entry != entries.end();
-      if (watched.probed && !has_extension) continue;
-      if (has_extension && now < watched.restart_at) {
-        NextStartNoLaterThan(watched.restart_at);
+      const bool has_entry = entry != entries.end();
+      if (!watched.MayStart(has_entry, now)) {
+        if (has_entry) NextStartNoLaterThan(watched.restart_at);
         continue;
       }
       if (!Start(database, watched)) {
@@ -179,21 +222,18 @@ class Launcher {
   bool Start(Oid database, Watched& watched) {
     BackgroundWorkerHandle* handle = nullptr;
     if (!StartDispatcher(database, watched.name.c_str(), &handle)) {
-      if (!watched.waiting_for_slot) {
+      if (watched.NoSlot()) {
         Log(WARNING, "no background worker slot is free for a dispatcher in database \"" +
                          watched.name +
                          "\": billguard needs one for its launcher and one per database it "
                          "serves; raise max_worker_processes (now " +
                          std::to_string(max_worker_processes) + ") and restart the server");
       }
-      watched.waiting_for_slot = true;
       return false;
     }
-    if (watched.waiting_for_slot)
+    if (watched.state == DatabaseState::kWaitingForSlot)
       Log(LOG, "a worker slot is free again: starting a dispatcher in \"" + watched.name + "\"");
-    watched.handle = handle;
-    watched.probed = true;
-    watched.waiting_for_slot = false;
+    watched.Started(handle);
     return true;
   }
 
@@ -248,9 +288,7 @@ void RegisterLauncher() {
 }  // namespace billguard
 
 extern "C" void billguard_launcher_main(Datum /*arg*/) {
-  pqsignal(SIGHUP, SignalHandlerForConfigReload);
-  pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
-  BackgroundWorkerUnblockSignals();
+  billguard::InstallWorkerSignals(billguard::OnSigterm::kShutdown);
   // No database: pg_database is a shared catalog.
   BackgroundWorkerInitializeConnection(nullptr, nullptr, 0);
   pgstat_report_appname("billguard launcher");

@@ -1,11 +1,36 @@
-// Typed calls of the vault-credential SQL (see vault_credentials.hpp).
+// The dispatcher's vault keys (see vault_credentials.hpp): typed calls of
+// the vault-credential SQL, and the POST /keys exchange.
 #include "workers/vault_credentials.hpp"
+
+#include "common/api_key.hpp"
+#include "common/issuer_token.hpp"
+#include "common/vault_key_request.hpp"
 
 #include <stdexcept>
 
+#include "settings/settings.hpp"
+#include "postgres/pg_boundary.hpp"
 #include "postgres/spi_transaction.hpp"
 
 namespace billguard {
+
+namespace {
+
+// The proxy's budgets are in USD (POST /keys names no currency); a record
+// in another currency is refused by it (403 currency_not_allowed) and
+// ends blocked.
+constexpr const char* kVaultCurrency = "usd";
+
+void Log(const std::string& message) {
+  CallPostgres([&] { ereport(LOG, (errmsg("billguard dispatcher: %s", message.c_str()))); });
+}
+
+std::string Usd(long long cents) {
+  const long long fraction = cents % 100;
+  return std::to_string(cents / 100) + (fraction < 10 ? ".0" : ".") + std::to_string(fraction);
+}
+
+}  // namespace
 
 std::optional<VaultCredential> LookupVaultCredential(const std::string& api_base,
                                                      const std::string& billing_period,
@@ -45,6 +70,110 @@ void ForgetVaultCredential(const std::string& api_base, const std::string& billi
                            const std::string& currency, const std::string& key_id) {
   ExecuteInTransaction("SELECT billguard.forget_vault_credential($1, $2, $3, $4)",
                        {api_base, billing_period, currency, key_id});
+}
+
+std::string VaultKeys::Load() {
+  // Through the proxy, each period's vault key is obtained with the
+  // issuer token; otherwise the one key of api_key_file bills everything.
+  through_proxy_ = settings::vault_issuer_token_file[0] != '\0';
+  keys_.clear();
+  asking_.clear();
+  asking_by_period_.clear();
+  if (through_proxy_) {
+    const IssuerTokenResult loaded = LoadIssuerToken(settings::vault_issuer_token_file);
+    issuer_token_ = loaded.token;
+    direct_key_ = {};
+    return loaded.error;
+  }
+  const ApiKeyResult loaded = LoadApiKey(settings::api_key_file);
+  direct_key_ = VaultCredential{"", loaded.key, 0};
+  issuer_token_.clear();
+  return loaded.error;
+}
+
+const VaultCredential* VaultKeys::KeyFor(const std::string& period, HttpClient& http) {
+  if (!through_proxy_) return &direct_key_;
+  auto found = keys_.find(period);
+  if (found != keys_.end()) return &found->second;
+  if (AskingFor(period)) return nullptr;
+  std::optional<VaultCredential> kept =
+      LookupVaultCredential(settings::api_base, period, kVaultCurrency);
+  if (kept) return &keys_.emplace(period, std::move(*kept)).first->second;
+  // The cap is the period's claimed total times vault_cap_headroom,
+  // computed in SQL.
+  Ask(PendingAsk{period,
+                 VaultKeyRequestBody(period, settings::stripe_endpoint,
+                                     settings::vault_cap_headroom, {}),
+                 false},
+      http);
+  return nullptr;
+}
+
+void VaultKeys::Ask(PendingAsk asking, HttpClient& http) {
+  const std::uint64_t tag = kKeyTag | next_tag_++;
+  HttpRequest request =
+      VaultKeyRequest(settings::api_base, issuer_token_, asking.ask.json_body, user_agent_);
+  request.tag = tag;
+  asking_by_period_[asking.period] = tag;
+  asking_.emplace(tag, std::move(asking));
+  http.Submit(std::move(request));
+  http.Start();
+}
+
+// A key lost (a restored database, a crash before it was stored) is simply
+// issued again: the proxy joins it to the period's budget. When the budget
+// exists with another cap (more records claimed since the first key), the
+// proxy answers 409 with that cap, and the key is asked for again at it:
+// billing goes on, and what the cap has no room for is blocked.
+VaultKeyAnswer VaultKeys::TakeAnswer(const HttpResponse& response, HttpClient& http) {
+  auto found = asking_.find(response.tag);
+  if (found == asking_.end()) return {};  // asked for before a reload
+  PendingAsk asking = std::move(found->second);
+  asking_.erase(found);
+  asking_by_period_.erase(asking.period);
+  const IssuedVaultKey issued = ReadIssuedVaultKey(response);
+  if (issued.existing_cap_cents && !asking.at_existing_cap) {
+    Log("the proxy already has a budget for " + asking.period + " with a cap of " +
+        Usd(*issued.existing_cap_cents) + " USD, not the " + Usd(asking.ask.cap_cents) +
+        " USD asked (records were claimed after its first key was issued): billing joins it " +
+        "at its cap, and charges past it are blocked until an admin raises the cap");
+    asking.ask = VaultKeyRequestBody(asking.period, settings::stripe_endpoint,
+                                     settings::vault_cap_headroom, issued.existing_cap_cents);
+    asking.at_existing_cap = true;
+    Ask(std::move(asking), http);
+    return {};
+  }
+  if (issued.vault_key.empty()) {
+    const std::string why = "the proxy issued no vault key for " + asking.period + " (HTTP " +
+                            std::to_string(issued.http_status) + ": " + issued.message + ")";
+    // A refused token or request (api_base not a proxy, say) waits for a
+    // person; an unreachable or failing proxy is tried again.
+    const bool refused = issued.http_status >= 400 && issued.http_status < 500;
+    return {refused ? VaultKeyAnswer::Next::kPause : VaultKeyAnswer::Next::kHoldOff, why};
+  }
+  VaultCredential credential{issued.key_id, issued.vault_key, asking.ask.cap_cents};
+  StoreVaultCredential(settings::api_base, asking.period, kVaultCurrency, credential);
+  Log("obtained vault key " + credential.key_id + " for " + asking.period + ", cap " +
+      Usd(credential.cap_cents) + " USD");
+  keys_[asking.period] = std::move(credential);
+  return {};
+}
+
+void VaultKeys::ForgetExpired(const std::string& period, const std::string& key_id) {
+  const auto found = keys_.find(period);
+  if (found == keys_.end() || found->second.key_id != key_id) return;
+  Log("the vault key " + key_id + " of " + period + " expired; obtaining a new one");
+  ForgetVaultCredential(settings::api_base, period, kVaultCurrency, key_id);
+  keys_.erase(found);
+}
+
+std::string VaultKeys::DescribeCap(const std::string& period) const {
+  std::string cap = "the period's vault cap";
+  const auto found = keys_.find(period);
+  if (found != keys_.end()) {
+    cap += " is " + Usd(found->second.cap_cents) + " USD (vault key " + found->second.key_id + ")";
+  }
+  return cap;
 }
 
 }  // namespace billguard

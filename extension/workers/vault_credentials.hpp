@@ -1,10 +1,17 @@
-// The dispatcher's side of billguard.vault_credentials
-// (sql/install/83_vault_credentials.sql): each call is one short
-// transaction; none is open while the proxy is asked for a key.
+// The dispatcher's vault keys: the key each request is sent with, and the
+// exchange that obtains a period's key from billguard-proxy (POST /keys)
+// through billguard.vault_credentials (sql/install/83_vault_credentials.sql).
+// Each SQL call is one short transaction; none is open while the proxy is
+// asked for a key, and the asking is one more transfer of the dispatcher's
+// HTTP client, so the charges in flight keep moving while it is answered.
 #pragma once
 
+#include "common/http_client.hpp"
+
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <unordered_map>
 
 namespace billguard {
 
@@ -33,5 +40,69 @@ void StoreVaultCredential(const std::string& api_base, const std::string& billin
                           const std::string& currency, const VaultCredential& credential);
 void ForgetVaultCredential(const std::string& api_base, const std::string& billing_period,
                            const std::string& currency, const std::string& key_id);
+
+// What an answer to POST /keys asks of the dispatcher.
+struct VaultKeyAnswer {
+  enum class Next {
+    kNothing,  // a key was obtained (or is asked for again), or the answer is stale
+    kPause,    // refused (a 4xx): wait for a person, with `why`
+    kHoldOff,  // the proxy failed or is unreachable: try again later, with `why`
+  };
+  Next next = Next::kNothing;
+  std::string why;
+};
+
+// The keys requests are sent with: api_key_file's one key, or through the
+// proxy (billguard.vault_issuer_token_file set) each period's vault key,
+// kept in memory, else in billguard.vault_credentials, else obtained.
+class VaultKeys {
+ public:
+  explicit VaultKeys(const char* user_agent) : user_agent_(user_agent) {}
+
+  // Reads the key file or the issuer token file named by the settings and
+  // forgets the keys in memory; an answer to a key asked for before is then
+  // dropped (the key it brings is issued again, joining the same budget).
+  // Why neither holds a usable secret, "" when one does.
+  std::string Load();
+  bool through_proxy() const { return through_proxy_; }
+
+  // The key a request of `period` is sent with, or nullptr while it is
+  // being obtained: the first call for a period without one submits
+  // POST /keys on `http`, whose answer comes back from http.Poll.
+  const VaultCredential* KeyFor(const std::string& period, HttpClient& http);
+  // Whether a response is to POST /keys: their tags have kKeyTag set,
+  // charges' never do.
+  static bool IsKeyAnswer(const HttpResponse& response) { return (response.tag & kKeyTag) != 0; }
+  VaultKeyAnswer TakeAnswer(const HttpResponse& response, HttpClient& http);
+  // Whether a POST /keys is outstanding.
+  bool Asking() const { return !asking_.empty(); }
+  bool AskingFor(const std::string& period) const { return asking_by_period_.count(period) != 0; }
+
+  // A key the proxy said expired (401 vault_key_expired) is forgotten, so
+  // that the next request of the period obtains a new one; unless a new one
+  // was obtained already since the request was sent with `key_id`.
+  void ForgetExpired(const std::string& period, const std::string& key_id);
+  // "the period's vault cap is N USD (vault key K)", for a blocked record.
+  std::string DescribeCap(const std::string& period) const;
+
+  static constexpr std::uint64_t kKeyTag = std::uint64_t{1} << 63;
+
+ private:
+  struct PendingAsk {
+    std::string period;
+    VaultKeyAsk ask;
+    bool at_existing_cap = false;  // asked again at the budget's cap (after a 409)
+  };
+  void Ask(PendingAsk asking, HttpClient& http);
+
+  const char* user_agent_;
+  VaultCredential direct_key_;  // api_key_file's key, when not through the proxy
+  bool through_proxy_ = false;
+  std::string issuer_token_;
+  std::unordered_map<std::string, VaultCredential> keys_;  // by billing period
+  std::unordered_map<std::uint64_t, PendingAsk> asking_;   // by tag
+  std::unordered_map<std::string, std::uint64_t> asking_by_period_;
+  std::uint64_t next_tag_ = 1;
+};
 
 }  // namespace billguard
