@@ -2,7 +2,8 @@
 # House rules that a compiler does not check, run by `make test`:
 # every C++ file matches .clang-format, every file of common/ includes
 # cpp_only.hpp (which fails the build when a PostgreSQL header came first),
-# and no two source files of the product share a name.
+# no two source files of the product share a name, and every SQL-callable
+# function is declared through BILLGUARD_SQL_FUNCTION.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 status=0
@@ -35,6 +36,12 @@ fi
 if git ls-files -co --exclude-standard -- 'common/*.h' | grep -q .; then
   echo "common/ holds a .h file, which would shadow PostgreSQL's common/ header of that name:"
   git ls-files -co --exclude-standard -- 'common/*.h'
+  status=1
+fi
+# A SQL-callable function is declared by BILLGUARD_SQL_FUNCTION alone, so
+# that its body always runs inside GuardedCall.
+if git grep -n 'PG_FUNCTION_INFO_V1' -- extension ':!extension/postgres/sql_function.hpp'; then
+  echo "declare SQL-callable functions with BILLGUARD_SQL_FUNCTION (extension/postgres/sql_function.hpp)"
   status=1
 fi
 [ $status -eq 0 ] && echo "style: ${#sources[@]} C++ files match .clang-format; common/ is pure C++; no two source files share a name"

@@ -6,6 +6,7 @@
 #include "postgres/pg_boundary.hpp"
 #include "workers/served_databases.hpp"
 #include "postgres/shared_state.hpp"
+#include "postgres/sql_function.hpp"
 
 extern "C" {
 #include "access/htup_details.h"
@@ -14,8 +15,6 @@ extern "C" {
 #include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
-
-PG_FUNCTION_INFO_V1(billguard_dispatcher_state);
 }
 
 namespace billguard {
@@ -102,9 +101,7 @@ Datum BuildDispatcherState(FunctionCallInfo fcinfo, const StateRow& row) {
 
 }  // namespace billguard
 
-extern "C" Datum billguard_dispatcher_state(PG_FUNCTION_ARGS) {
-  return billguard::GuardedCall("dispatcher_state", [&]() -> Datum {
-    const billguard::StateRow row = billguard::CollectState();
-    return billguard::CallPostgres([&] { return billguard::BuildDispatcherState(fcinfo, row); });
-  });
+BILLGUARD_SQL_FUNCTION(dispatcher_state) {
+  const billguard::StateRow row = billguard::CollectState();
+  return billguard::CallPostgres([&] { return billguard::BuildDispatcherState(fcinfo, row); });
 }

@@ -5,14 +5,13 @@
 #include "workers/dispatcher_wakeup.hpp"
 #include "functions/history_guard.hpp"
 #include "postgres/shared_state.hpp"
+#include "postgres/sql_function.hpp"
 
 extern "C" {
 #include "access/xact.h"
 #include "miscadmin.h"
 #include "nodes/parsenodes.h"
 #include "tcop/utility.h"
-
-PG_FUNCTION_INFO_V1(billguard_wake_dispatcher);
 }
 
 namespace billguard {
@@ -101,10 +100,8 @@ void InstallCreateExtensionHook() {
 }  // namespace billguard
 
 // billguard.wake_dispatcher(): wake this database's dispatcher at COMMIT.
-extern "C" Datum billguard_wake_dispatcher(PG_FUNCTION_ARGS) {
-  return billguard::GuardedCall("wake_dispatcher", [&]() -> Datum {
-    billguard::CallPostgres([] { billguard::RegisterCallbackOnce(); });
-    billguard::wake_at_commit = true;
-    PG_RETURN_VOID();
-  });
+BILLGUARD_SQL_FUNCTION(wake_dispatcher) {
+  billguard::CallPostgres([] { billguard::RegisterCallbackOnce(); });
+  billguard::wake_at_commit = true;
+  PG_RETURN_VOID();
 }
