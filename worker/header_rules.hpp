@@ -27,7 +27,7 @@ struct HttpRefusal {
   std::string message;
 };
 
-// The limits every request is read within (README: "The HTTP layer").
+// The limits every request is read within (worker/README.md: "Limits and deadlines").
 struct HttpLimits {
   std::size_t header_bytes = 8 * 1024;  // request line and header lines
   std::size_t header_fields = 64;

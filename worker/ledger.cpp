@@ -194,7 +194,7 @@ void Ledger::CheckSchema() {
       if (!pqxx_compat::OneRow(tx, "SELECT has_schema_privilege('billguard', 'USAGE')")[0]
                .as<bool>()) {
         throw StartupError("role " + role + " may not use schema billguard in " + where +
-                           ": grant what the README's proxy section lists");
+                           ": grant what docs/privileges.md lists for the proxy's role");
       }
       for (const char* function : kFunctions) {
         const auto found = pqxx_compat::OneRowWith(
@@ -208,14 +208,14 @@ void Ledger::CheckSchema() {
         }
         if (!found[1].as<bool>()) {
           throw StartupError("role " + role + " may not call " + function + " in " + where +
-                             ": grant what the README's proxy section lists");
+                             ": grant what docs/privileges.md lists for the proxy's role");
         }
       }
       if (!pqxx_compat::OneRow(tx,
                                "SELECT has_table_privilege('billguard.vault_spend', 'SELECT')")[0]
                .as<bool>()) {
         throw StartupError("role " + role + " may not read billguard.vault_spend in " + where +
-                           ": grant what the README's proxy section lists");
+                           ": grant what docs/privileges.md lists for the proxy's role");
       }
       return 0;
     });

@@ -66,7 +66,7 @@ void WebhookInbox::CheckSchema() {
       }
       if (!found[3].as<bool>()) {
         throw StartupError("role " + found[1].as<std::string>() + " may not call " + kIngest +
-                           " in " + where + ": grant what the README's Privileges list");
+                           " in " + where + ": grant what docs/privileges.md lists");
       }
       return 0;
     });
@@ -77,7 +77,7 @@ void WebhookInbox::CheckSchema() {
   } catch (const pqxx::sql_error& e) {
     // USAGE on schema billguard is missing, say.
     throw StartupError("--webhook-database: " + pqxx_compat::ServerMessage(e) +
-                       ": grant what the README's Privileges list");
+                       ": grant what docs/privileges.md lists");
   }
 }
 

@@ -7,7 +7,7 @@ namespace billguard {
 
 namespace {
 
-// Shown by pg_stat_activity.wait_event; documented in README.md.
+// Shown by pg_stat_activity.wait_event; documented in docs/operations.md.
 constexpr const char* kNames[] = {
     "BillguardLauncherIdle",   "BillguardDispatcherIdle", "BillguardReadOnlyServer",
     "BillguardTerminalCommit", "BillguardDispatcherExit", "BillguardProbeSlot",

@@ -76,7 +76,7 @@ CREATE TRIGGER accounts_keep_billed_rows BEFORE TRUNCATE ON billguard.accounts
 -- a rename or delete at the source must be refused here too, or the next
 -- bill_period charges the same customer again under the new id. The apply
 -- worker then fails on that transaction and retries it: replication stalls
--- rather than billing twice (see the README's Accounts).
+-- rather than billing twice (see docs/sql-api.md, accounts).
 ALTER TABLE billguard.accounts ENABLE ALWAYS TRIGGER accounts_updated_at;
 ALTER TABLE billguard.accounts ENABLE ALWAYS TRIGGER accounts_keep_billed_ids;
 ALTER TABLE billguard.accounts ENABLE ALWAYS TRIGGER accounts_keep_billed_rows;

@@ -9,7 +9,7 @@ SELECT pg_catalog.pg_extension_config_dump('billguard.journal', '');
 SELECT pg_catalog.pg_extension_config_dump('billguard.snapshots', '');
 
 -- Nothing is granted to PUBLIC. Application roles get EXECUTE on the
--- functions they call (see README, "Privileges"); the SECURITY DEFINER
+-- functions they call (see docs/privileges.md); the SECURITY DEFINER
 -- functions do the table access.
 REVOKE ALL ON ALL TABLES IN SCHEMA billguard FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA billguard FROM PUBLIC;
