@@ -169,8 +169,8 @@ $narrow->stop;
 # ---- grants and configuration ---------------------------------------------------------------
 
 $node->q1('CREATE ROLE t182_usage_only LOGIN; GRANT USAGE ON SCHEMA billguard TO t182_usage_only; CREATE ROLE t182_nothing LOGIN');
-for my $case ([ 't182_usage_only', qr/^billguard-proxy: role t182_usage_only may not call billguard\.ingest_stripe_event\(text, text\) in --webhook-database postgres: grant what docs/privileges.md lists$/m ],
-              [ 't182_nothing', qr/^billguard-proxy: --webhook-database: permission denied for schema billguard: grant what docs/privileges.md lists$/m ]) {
+for my $case ([ 't182_usage_only', qr/^billguard-proxy: role t182_usage_only may not call billguard\.ingest_stripe_event\(text, text\) in --webhook-database postgres: grant what docs\/privileges\.md lists$/m ],
+              [ 't182_nothing', qr/^billguard-proxy: --webhook-database: permission denied for schema billguard: grant what docs\/privileges\.md lists$/m ]) {
 	my ($role, $expected) = @$case;
 	my $refused = eval { ProxyHarness->start(conninfo => $node->connstr('postgres'), upstream => $emulator,
 		args => [ '--webhook-database', $node->connstr('postgres') . " user=$role" ]) };

@@ -18,7 +18,8 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(sleep time);
 use BillguardTest;
-use DispatchScenario;
+use BillguardNode;
+use SecretFile qw(write_secret_file);
 use ProxyHarness;
 use RawHttpServer;
 
@@ -27,7 +28,7 @@ use RawHttpServer;
 my $key_delay_s = 10;
 
 my $emulator = start_emulator();
-my $node = billguard_node('key_fetch_never_stalls',
+my $node = BillguardNode->preloaded('key_fetch_never_stalls',
 	"billguard.database = 'postgres'",
 	"billguard.max_requests_per_second = 2000",
 	"billguard.max_inflight = 32",
@@ -69,29 +70,29 @@ sub keys_asked {
 }
 sub completed {
 	my ($period) = @_;
-	return q1($node, "SELECT count(*) FROM billguard.billing_records WHERE billing_period = '$period' AND status = 'completed'");
+	return $node->q1("SELECT count(*) FROM billguard.billing_records WHERE billing_period = '$period' AND status = 'completed'");
 }
 
-my $token_file = ProxyHarness::secret_file($node->basedir, 'issuer.token', $proxy->issuer_token);
-q1($node, q{
+my $token_file = write_secret_file($node->basedir . '/issuer.token', $proxy->issuer_token);
+$node->q1(q{
 	INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method)
 	SELECT 'cust_' || lpad(g::text, 6, '0'), 'cus_' || lpad(g::text, 6, '0'), 1000 + g, 'usd', 'pm_card_visa'
 	  FROM generate_series(1, 10) g});
-reload_with($node, api_base => $front->url(''), vault_issuer_token_file => $token_file);
+$node->reload_with(api_base => $front->url(''), vault_issuer_token_file => $token_file);
 # 2026-08's key comes at once; its charges then take 2 s at the emulator.
 $emulator->configure(latency_ms => 2000);
-is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-08')"), '10', '2026-08 claimed');
-ok(wait_for('the 2026-08 charges to be at the emulator', 30, sub { ($emulator->stats->{in_progress} // 0) == 10 }),
+is($node->q1("SELECT initiated FROM billguard.bill_period('2026-08')"), '10', '2026-08 claimed');
+ok(wait_until('the 2026-08 charges to be at the emulator', 30, sub { ($emulator->stats->{in_progress} // 0) == 10 }),
 	'the ten 2026-08 charges are in flight at the emulator');
 
 my $asked_at = time;
-is(q1($node, "SELECT initiated FROM billguard.bill_period('2026-09')"), '10', '2026-09 claimed');
-ok(wait_for('the dispatcher to ask for the 2026-09 key', 10, sub { keys_asked() eq '2026-08,2026-09' }),
+is($node->q1("SELECT initiated FROM billguard.bill_period('2026-09')"), '10', '2026-09 claimed');
+ok(wait_until('the dispatcher to ask for the 2026-09 key', 10, sub { keys_asked() eq '2026-08,2026-09' }),
 	"the dispatcher asks for 2026-09's key while 2026-08's charges are in flight");
 ok(!key_answered(), '... and the front holds the answer');
 
 # While the key is outstanding.
-my $stalled_for = poll_until($key_delay_s, sub { completed('2026-08') eq '10' || key_answered() });
+my $stalled_for = wait_until("2026-08 recorded completed, or the key answered", $key_delay_s, sub { completed('2026-08') eq '10' || key_answered() }) ? 1 : undef;
 my $completed_before_key = completed('2026-08');
 my $answered = key_answered();
 is("$completed_before_key/" . ($answered ? 'answered' : 'outstanding'), '10/outstanding',
@@ -100,23 +101,23 @@ diag(sprintf('2026-08 completed %.1f s after 2026-09 was billed', time - $asked_
 is(scalar(grep { ($_->{metadata}{billguard_key} // '') ne '' } @{ succeeded_charges($emulator) }), 10,
 	'... each one charge at the emulator');
 
-q1($node, q{
+$node->q1(q{
 	INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method)
 	VALUES ('cust_late', 'cus_late', 1000, 'usd', 'pm_card_visa')});
-is(bill($node, 'cust_late', '2026-08'), 'initiated', 'a 2026-08 record billed while the key is outstanding');
-poll_until($key_delay_s, sub { status_of($node, 'cust_late', '2026-08') eq 'completed' || key_answered() });
-my $late = status_of($node, 'cust_late', '2026-08');
+is($node->bill('cust_late', '2026-08'), 'initiated', 'a 2026-08 record billed while the key is outstanding');
+wait_until("cust_late recorded completed, or the key answered", $key_delay_s, sub { $node->status_of('cust_late', '2026-08') eq 'completed' || key_answered() });
+my $late = $node->status_of('cust_late', '2026-08');
 $answered = key_answered();
 is("$late/" . ($answered ? 'answered' : 'outstanding'), 'completed/outstanding',
 	'... is sent and completed before the key answer arrives');
 is(completed('2026-09'), '0', 'no 2026-09 record was sent without its key');
 
-ok(wait_until_settled($node, '2026-09', 60), 'once the key arrives, 2026-09 is billed');
+ok($node->wait_until_settled('2026-09', 60), 'once the key arrives, 2026-09 is billed');
 is(completed('2026-09'), '10', '... every record completed');
 is(keys_asked(), '2026-08,2026-09', 'one POST /keys per period, none repeated while one was outstanding');
-is(q1($node, "SELECT count(*) FROM billguard.vault_audit WHERE decision = 'issued'"), '2', '... two keys issued');
-my $key_id = q1($node, "SELECT key_id FROM billguard.vault_credentials WHERE billing_period = '2026-09'");
-is(q1($node, qq{SELECT count(*) FROM billguard.vault_audit
+is($node->q1("SELECT count(*) FROM billguard.vault_audit WHERE decision = 'issued'"), '2', '... two keys issued');
+my $key_id = $node->q1("SELECT key_id FROM billguard.vault_credentials WHERE billing_period = '2026-09'");
+is($node->q1(qq{SELECT count(*) FROM billguard.vault_audit
                  WHERE key_id = '$key_id' AND decision IN ('reserved', 'forwarded')}) > 0 ? 'used' : 'unused',
 	'used', "2026-09 was sent with its key");
 is(scalar(@{ succeeded_charges($emulator) }), 21, '21 charges at the emulator in all');
