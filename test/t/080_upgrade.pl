@@ -22,6 +22,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use BillguardTest;
 use DispatchScenario;
+use DatabaseContents;
 
 # ---- what a database holds before it is updated -------------------------------------
 
@@ -100,62 +101,12 @@ sub ledger_of_0_2_0 {
 
 # ---- what an update must keep -----------------------------------------------------------
 
-# Every row of every table of the extension as text, in key order, by the
-# columns each table has now. %expected: for a table whose values the
-# update changes on purpose, the select list (given the columns) that reads
-# them now as they must be after it.
-sub all_rows {
-	my ($node, %expected) = @_;
-	my %rows;
-	for my $table (split /\n/, q1($node, q{
-			SELECT c.relname FROM pg_class c
-			 WHERE c.relnamespace = 'billguard'::regnamespace AND c.relkind = 'r' ORDER BY 1})) {
-		my $columns = q1($node, qq{
-			SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) FROM pg_attribute
-			 WHERE attrelid = 'billguard.$table'::regclass AND attnum > 0 AND NOT attisdropped});
-		my $select = $expected{$table} ? $expected{$table}->($columns) : $columns;
-		$rows{$table} = { columns => $columns, rows => rows_of($node, $table, $select) };
-	}
-	return \%rows;
-}
-
-sub rows_of {
-	my ($node, $table, $select) = @_;
-	return q1($node, "SELECT string_agg(t::text, E'\\n' ORDER BY t::text) FROM (SELECT $select FROM billguard.$table) t");
-}
-
-# After the update every row is as all_rows read it, by the columns its
-# table had.
-sub rows_intact {
-	my ($node, $before, $what) = @_;
-	for my $table (sort keys %$before) {
-		is(rows_of($node, $table, $before->{$table}{columns}), $before->{$table}{rows},
-			"$what: every row of billguard.$table is intact");
-	}
-}
-
 # The update from 0.1.0 takes the records 0.1.0 settled out of the dispatch
 # queue; every other value is kept.
 my %settled_leave_the_queue = (billing_records => sub {
 	$_[0] =~ s/\bnext_attempt_at\b/CASE WHEN status IN ('pending', 'dispatching', 'unknown') THEN next_attempt_at END AS next_attempt_at/r });
 
 # ---- the same schema as a fresh install -------------------------------------------------
-
-# pg_dump leaves an extension's objects out of a plain dump; the binary
-# upgrade mode includes them. Masked: OIDs and transaction ids it
-# preserves, the per-run \restrict key and the configuration table list
-# (compared below as a set).
-sub schema_of {
-	my ($node, $database) = @_;
-	my ($dump, $errors) = run_command(
-		[ 'pg_dump', '--schema-only', '--binary-upgrade', '-d', $node->connstr($database) ]);
-	die "pg_dump $database: $errors" if $errors;
-	return join("\n", map {
-		s/binary_upgrade_create_empty_extension\(.*\);/binary_upgrade_create_empty_extension(...);/r
-		  =~ s/relfrozenxid = '\d+', relminmxid = '\d+'/relfrozenxid = ?, relminmxid = ?/r
-		  =~ s/WHERE oid = '\d+'/WHERE oid = ?/r
-	} grep { !/binary_upgrade_set_next_|^\\(un)?restrict / } split /\n/, $dump);
-}
 
 # The database postgres, updated to $version, is a fresh install of it.
 sub same_as_fresh {
@@ -174,18 +125,6 @@ sub same_as_fresh {
 		  FROM pg_extension e, unnest(e.extconfig, e.extcondition) AS u (c, w) WHERE e.extname = 'billguard'};
 	is(q1($node, $config_tables), $node->safe_psql($fresh, $config_tables),
 		"$version: the same tables are dumped with their data, with the same conditions");
-}
-
-# The first lines where two dumps differ, for the diagnostics.
-sub first_difference {
-	my ($a, $b) = @_;
-	my @a = split /\n/, $a;
-	my @b = split /\n/, $b;
-	my $i = 0;
-	$i++ while $i < @a && $i < @b && $a[$i] eq $b[$i];
-	my $from = $i > 5 ? $i - 5 : 0;
-	return "first difference at line $i:\n--- updated\n" . join("\n", @a[$from .. ($i + 10 < $#a ? $i + 10 : $#a)])
-	  . "\n--- fresh\n" . join("\n", @b[$from .. ($i + 10 < $#b ? $i + 10 : $#b)]);
 }
 
 # ---- the dispatcher ------------------------------------------------------------------
@@ -258,16 +197,16 @@ my $development;
 	isnt($development, '0.2.0', "the version under development, $development, follows the release 0.2.0");
 	history_of_0_1_0($node);
 	dispatcher_waits($node, $emulator, '0.1.0', $development);
-	my $before = all_rows($node, %settled_leave_the_queue);
+	my $before = table_rows($node, 'postgres', %settled_leave_the_queue);
 	q1($node, "ALTER EXTENSION billguard UPDATE TO '0.2.0'");
-	rows_intact($node, $before, '0.1.0 -> 0.2.0');
+	rows_intact($node, 'postgres', $before, '0.1.0 -> 0.2.0');
 	same_as_fresh($node, '0.2.0');
 	dispatcher_waits($node, $emulator, '0.2.0', $development);
 
 	ledger_of_0_2_0($node);
-	$before = all_rows($node);
+	$before = table_rows($node, 'postgres');
 	q1($node, 'ALTER EXTENSION billguard UPDATE');
-	rows_intact($node, $before, "0.2.0 -> $development");
+	rows_intact($node, 'postgres', $before, "0.2.0 -> $development");
 	same_as_fresh($node, $development);
 	scheduler_state_upcast($node);
 	sends_what_was_claimed($node, $emulator, $key_file, [ '2026-07', '2026-08' ],
@@ -292,9 +231,9 @@ my $development;
 	q1($node, "SELECT billguard.save_snapshot('billing-scheduler')");
 	ledger_of_0_2_0($node);
 	dispatcher_waits($node, $emulator, '0.2.0', $development);
-	my $before = all_rows($node);
+	my $before = table_rows($node, 'postgres');
 	q1($node, 'ALTER EXTENSION billguard UPDATE');
-	rows_intact($node, $before, "0.2.0 -> $development");
+	rows_intact($node, 'postgres', $before, "0.2.0 -> $development");
 	same_as_fresh($node, $development);
 	sends_what_was_claimed($node, $emulator, $key_file, ['2026-07'],
 		'2026-06 completed=29, 2026-06 failed=1, 2026-06 needs_review=1, 2026-07 cancelled=1, '
@@ -309,9 +248,9 @@ my $development;
 	my ($node, $emulator, $key_file) = upgrade_node('from_0_1_0_in_one', '0.1.0');
 	history_of_0_1_0($node);
 	dispatcher_waits($node, $emulator, '0.1.0', $development);
-	my $before = all_rows($node, %settled_leave_the_queue);
+	my $before = table_rows($node, 'postgres', %settled_leave_the_queue);
 	q1($node, 'ALTER EXTENSION billguard UPDATE');
-	rows_intact($node, $before, "0.1.0 -> $development");
+	rows_intact($node, 'postgres', $before, "0.1.0 -> $development");
 	same_as_fresh($node, $development);
 	scheduler_state_upcast($node);
 	sends_what_was_claimed($node, $emulator, $key_file, [ '2026-07', '2026-08' ],
