@@ -16,7 +16,7 @@ use Exporter 'import';
 use BillguardTest qw(succeeded_charges);
 
 our @EXPORT = qw(q1 failures wait_for poll_until key_of status_of bill event_types events_of
-  ledger_for_key succeeded_for_key reload_with set_rate explain_case
+  ledger_for_key succeeded_for_key add_vault_ledger reload_with set_rate explain_case
   start_row_lock row_lock_taken end_row_lock answer_waits_for_row_lock);
 
 # The result of $sql in database postgres of $node (dies on error).
@@ -101,6 +101,25 @@ sub ledger_for_key {
 sub succeeded_for_key {
 	my ($emulator, $key) = @_;
 	return [ grep { carries_key($_, $key) } @{ succeeded_charges($emulator) } ];
+}
+
+# The spend-cap ledger of $period as the proxy leaves it: a budget, a vault
+# key, a settled and a reserved charge, their audit. $more, SQL run after it
+# in the same session, finds the key in temporary table k.
+sub add_vault_ledger {
+	my ($node, $period, $more) = @_;
+	q1($node, qq{
+		CREATE TEMP TABLE k AS SELECT * FROM billguard.issue_vault_key('stripe', '$period', 500,
+		  ARRAY['/v1/payment_intents'], now() + interval '40 days', false);
+		SELECT a.decision, billguard.vault_settle(a.key_id, 'settled-key', 200, NULL, 'pi_settled',
+		                                          '{"id": "pi_settled"}', 'req_settled', a.attempt)
+		  FROM k, billguard.vault_authorize(sha256(convert_to(k.vault_key, 'UTF8')), 'POST',
+		         '/v1/payment_intents', 'settled-key', repeat('a', 64), 1000, 'usd', 'cus_1', 'settled-key') a;
+		SELECT a.decision
+		  FROM k, billguard.vault_authorize(sha256(convert_to(k.vault_key, 'UTF8')), 'POST',
+		         '/v1/payment_intents', 'reserved-key', repeat('b', 64), 2000, 'usd', 'cus_2', 'reserved-key') a;
+		} . ($more // ''));
+	return;
 }
 
 # ALTER SYSTEM SET (or, for undef, RESET) billguard.<name> for each setting, then reload.

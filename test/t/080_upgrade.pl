@@ -78,16 +78,7 @@ sub ledger_of_0_2_0 {
 	my ($node) = @_;
 	is(q1($node, "SELECT billguard.cancel_record('cust_000030', '2026-07')"), 'cancelled',
 		'0.2.0: one record of 2026-07 cancelled');
-	q1($node, q{
-		CREATE TEMP TABLE k AS SELECT * FROM billguard.issue_vault_key('stripe', '2026-07', 500,
-		  ARRAY['/v1/payment_intents'], now() + interval '40 days', false);
-		SELECT a.decision, billguard.vault_settle(a.key_id, 'settled-key', 200, NULL, 'pi_settled',
-		                                          '{"id": "pi_settled"}', 'req_settled', a.attempt)
-		  FROM k, billguard.vault_authorize(sha256(convert_to(k.vault_key, 'UTF8')), 'POST',
-		         '/v1/payment_intents', 'settled-key', repeat('a', 64), 1000, 'usd', 'cus_1', 'settled-key') a;
-		SELECT a.decision
-		  FROM k, billguard.vault_authorize(sha256(convert_to(k.vault_key, 'UTF8')), 'POST',
-		         '/v1/payment_intents', 'reserved-key', repeat('b', 64), 2000, 'usd', 'cus_2', 'reserved-key') a;
+	add_vault_ledger($node, '2026-07', q{
 		SELECT billguard.store_vault_credential('http://127.0.0.1:9/', '2026-07', 'usd', k.key_id, k.vault_key, 50000)
 		  FROM k;
 		INSERT INTO billguard.stripe_events (event_id, event_type, object_id, customer_id, billing_period,
