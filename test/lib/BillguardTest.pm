@@ -22,14 +22,17 @@ our @EXPORT = qw(billguard_node add_accounts start_gate release_gate race_psql f
 # A started node with billguard preloaded and created in database postgres.
 # Options, if the first of @conf is a hash: extension_version => '0.1.0'
 # creates that version instead of the default; allows_streaming => 1 makes a
-# primary a streaming replica can be made from. $before_start, if given next,
+# primary a streaming replica can be made from; install_path => DIR runs the
+# PostgreSQL installed there (another major) instead of the one on PATH.
+# $before_start, if given next,
 # runs with the initialised node before it starts and returns more
 # postgresql.conf lines.
 sub billguard_node {
 	my ($name, @conf) = @_;
 	my %options = ref $conf[0] eq 'HASH' ? %{ shift @conf } : ();
 	my $before_start = ref $conf[0] eq 'CODE' ? shift @conf : sub { () };
-	my $node = PostgreSQL::Test::Cluster->new($name);
+	my $node = PostgreSQL::Test::Cluster->new($name,
+		$options{install_path} ? (install_path => $options{install_path}) : ());
 	$node->init(allows_streaming => $options{allows_streaming} // 0);
 	$node->append_conf('postgresql.conf', join("\n",
 		"shared_preload_libraries = 'billguard'",
