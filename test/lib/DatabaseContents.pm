@@ -10,7 +10,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Exporter 'import';
 
-our @EXPORT = qw(table_rows rows_of rows_intact schema_of first_difference);
+our @EXPORT = qw(table_rows rows_of rows_intact schema_of same_schema first_difference);
 
 # Every row of every table of schema billguard in $database as text, in key
 # order, by the columns each table has now: { table => { columns, rows } }.
@@ -62,6 +62,22 @@ sub schema_of {
 		  =~ s/relfrozenxid = '\d+', relminmxid = '\d+'/relfrozenxid = ?, relminmxid = ?/r
 		  =~ s/WHERE oid = '\d+'/WHERE oid = ?/r
 	} grep { !/binary_upgrade_set_next_|^\\(un)?restrict / } split /\n/, $dump);
+}
+
+# $database has the schema of $fresh (a fresh install): the same dump, the
+# same tables dumped with their data under the same conditions. $normalize,
+# if given, rewrites both dumps before they are compared.
+sub same_schema {
+	my ($node, $database, $fresh, $what, $normalize) = @_;
+	my ($ours, $theirs) = map { $normalize ? $normalize->($_) : $_ } schema_of($node, $database), schema_of($node, $fresh);
+	cmp_ok(length($theirs), '>', 10000, "$what: the dump holds the extension's objects");
+	is($ours, $theirs, "$what: pg_dump --schema-only of it is that of a fresh install")
+	  or diag(first_difference($ours, $theirs));
+	my $config_tables = q{
+		SELECT string_agg(c::regclass::text || ' ' || coalesce(w, ''), ', ' ORDER BY c::regclass::text)
+		  FROM pg_extension e, unnest(e.extconfig, e.extcondition) AS u (c, w) WHERE e.extname = 'billguard'};
+	is($node->safe_psql($database, $config_tables), $node->safe_psql($fresh, $config_tables),
+		"$what: the same tables are dumped with their data, with the same conditions");
 }
 
 # The first lines where two dumps differ, for the diagnostics.
