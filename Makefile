@@ -3,7 +3,8 @@
 #   make test [PG=17]         install dependencies, build, run every test suite,
 #                             on every supported PostgreSQL major (or one)
 #   make demo                 a throwaway cluster billing a real period end to end
-#   make bench                benchmarks, each printed as a ratio to its baseline
+#   make bench [PG=17]        benchmarks, each printed as a ratio to its baseline, on
+#                             every supported major (or one), then side by side
 #   make check-style          the house rules: clang-format, no PostgreSQL in common/,
 #                             no two source files of one name
 #   make check-sql            the house rules of sql/: each function written once (test/check-sql.pl)
@@ -179,9 +180,13 @@ PROXY_CXXFLAGS = $(COMMON_CXXFLAGS) $(PROXY_CXXSTD) -pthread -DBOOST_ASIO_NO_DEP
 	$(CXX) $(PROXY_CXXFLAGS) -c -o $@ $<
 $(PROXY): $(PROXY_SRCS:worker/%.cpp=.build/worker/%.o) .build/common/libbillguard_common.a
 	$(CXX) -o $@ $^ $(PROXY_LIBS)
+# EXTENSION_ONLY=1 builds and installs the extension alone: the programs
+# depend on no PostgreSQL major, so a build for a second major skips them.
+ifeq ($(EXTENSION_ONLY),)
 all: $(PROXY)
-.PHONY: install-proxy
 install: install-proxy
+endif
+.PHONY: install-proxy
 install-proxy: $(PROXY)
 	$(INSTALL) -d '$(DESTDIR)$(PROGRAM_BINDIR)'
 	$(INSTALL_PROGRAM) $(PROXY) '$(DESTDIR)$(PROGRAM_BINDIR)/billguard-proxy'
@@ -214,16 +219,19 @@ test:
 demo:
 	demo/run.sh
 
+# bench/run.sh on every supported major, as `make test` (test/majors/bench.sh).
 bench:
-	bench/run.sh
+	test/majors/bench.sh $(PG)
 
 # The Stripe emulator: its own Makefile, no code shared with the extension.
 EMULATOR = tools/stripe-emulator/billguard-stripe-emulator
 .PHONY: emulator install-emulator clean-emulator
+ifeq ($(EXTENSION_ONLY),)
 all: emulator
+install: install-emulator
+endif
 emulator:
 	$(MAKE) -C tools/stripe-emulator
-install: install-emulator
 install-emulator: emulator
 	$(INSTALL) -d '$(DESTDIR)$(PROGRAM_BINDIR)'
 	$(INSTALL_PROGRAM) $(EMULATOR) '$(DESTDIR)$(PROGRAM_BINDIR)/billguard-stripe-emulator'

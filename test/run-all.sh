@@ -67,6 +67,17 @@ fi
 echo "== the official Stripe client for the proxy's scenarios (npm ci)"
 (cd test/stripe-client && npm ci --no-audit --no-fund --silent && chmod -R a+rX .) || failed=1
 
+# A chroot carries the major before its own: billguard built for it too, for
+# the scenario that upgrades from it (test/t/197), when it runs.
+case " ${TAP_TESTS:-test/t/197} " in
+  *" test/t/197"*)
+    if [ -n "${BILLGUARD_IN_CHROOT:-}" ]; then
+      echo "== billguard for the major before this one (pg_upgrade from it)"
+      test/majors/previous-major.sh || failed=1
+    fi
+    ;;
+esac
+
 echo "== TAP scenarios (races, restarts, crashes)"
 # PostgreSQL's own harness refuses to run as root: run as postgres in a
 # directory it owns. 15 finds it through TESTDIR, 17 and later through

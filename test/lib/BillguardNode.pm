@@ -30,14 +30,17 @@ use SecretFile qw(write_secret_file);
 # A started node with billguard preloaded and created in database postgres.
 # Options, if the first of @conf is a hash: extension_version => '0.1.0'
 # creates that version instead of the default; allows_streaming => 1 makes a
-# primary a streaming replica can be made from. $before_start, if given next,
+# primary a streaming replica can be made from; install_path => DIR runs the
+# PostgreSQL installed there (another major) instead of the one on PATH.
+# $before_start, if given next,
 # runs with the initialised node before it starts and returns more
 # postgresql.conf lines. The remaining @conf lines come last and so win.
 sub preloaded {
 	my ($class, $name, @conf) = @_;
 	my %options = ref $conf[0] eq 'HASH' ? %{ shift @conf } : ();
 	my $before_start = ref $conf[0] eq 'CODE' ? shift @conf : sub { () };
-	my $node = $class->new($name);
+	my $node = $class->new($name,
+		$options{install_path} ? (install_path => $options{install_path}) : ());
 	$node->init(allows_streaming => $options{allows_streaming} // 0);
 	$node->append_conf('postgresql.conf', join("\n",
 		"shared_preload_libraries = 'billguard'",
@@ -120,6 +123,25 @@ sub add_accounts {
 }
 
 # Bills $customer for $period; returns the status bill_customer answers.
+# The spend-cap ledger of $period as the proxy leaves it: a budget, a vault
+# key, a settled and a reserved charge, their audit. $more, SQL run after it
+# in the same session, finds the key in temporary table k.
+sub add_vault_ledger {
+	my ($self, $period, $more) = @_;
+	$self->q1(qq{
+		CREATE TEMP TABLE k AS SELECT * FROM billguard.issue_vault_key('stripe', '$period', 500,
+		  ARRAY['/v1/payment_intents'], now() + interval '40 days', false);
+		SELECT a.decision, billguard.vault_settle(a.key_id, 'settled-key', 200, NULL, 'pi_settled',
+		                                          '{"id": "pi_settled"}', 'req_settled', a.attempt)
+		  FROM k, billguard.vault_authorize(sha256(convert_to(k.vault_key, 'UTF8')), 'POST',
+		         '/v1/payment_intents', 'settled-key', repeat('a', 64), 1000, 'usd', 'cus_1', 'settled-key') a;
+		SELECT a.decision
+		  FROM k, billguard.vault_authorize(sha256(convert_to(k.vault_key, 'UTF8')), 'POST',
+		         '/v1/payment_intents', 'reserved-key', repeat('b', 64), 2000, 'usd', 'cus_2', 'reserved-key') a;
+		} . ($more // ''));
+	return;
+}
+
 sub bill {
 	my ($self, $customer, $period) = @_;
 	return $self->q1("SELECT status FROM billguard.bill_customer('$customer', '$period')");

@@ -31,6 +31,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 clone=${BILLGUARD_CHROOT_SRC:-$(cd "$here/../.." && pwd)}
 cache=$(realpath -m "${BILLGUARD_CHROOT_CACHE:-/var/cache/billguard/chroots}")
 mirror=${BILLGUARD_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+security_mirror=${BILLGUARD_DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
 max_age_days=${BILLGUARD_CHROOT_MAX_AGE_DAYS:-7}
 namespace=${BILLGUARD_CHROOT_NAMESPACE:-private}
 # PostgreSQL's TAP harness reserves ports with files in PG_TEST_PORT_DIR; the
@@ -68,7 +69,7 @@ debootstrap_script() {
 # run mounts, say) keep the cached chroots.
 stamp_of() {
   {
-    echo "suite=$1 mirror=$mirror postgres=$(id -u postgres 2>/dev/null):$(id -g postgres 2>/dev/null)"
+    echo "suite=$1 mirror=$mirror security=$security_mirror postgres=$(id -u postgres 2>/dev/null):$(id -g postgres 2>/dev/null)"
     declare -f previous_suite debootstrap_script configure_root refresh_from_host build_root
     cat "$clone/test/install-deps.sh"
   } | sha256sum | cut -d' ' -f1
@@ -169,7 +170,10 @@ $valid
 EOF
   # The previous major (test/install-deps.sh installs it for pg_upgrade from
   # it) comes from the previous suite, pinned below this suite's packages so
-  # that nothing this suite carries is taken from there.
+  # that nothing this suite carries is taken from there. With the suite's
+  # security updates, as a stable machine has them: its point release alone
+  # may lag the server API the host's minor has (bookworm: 15.18, whose
+  # headers lack have_createdb_privilege, against the host's 15.20).
   local previous
   previous=$(previous_suite "$suite")
   if [ -n "$previous" ]; then
@@ -179,9 +183,15 @@ URIs: $mirror
 Suites: $previous
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb
+URIs: $security_mirror
+Suites: $previous-security
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 EOF
-    printf 'Package: *\nPin: release n=%s\nPin-Priority: 100\n' "$previous" \
-      >"$root/etc/apt/preferences.d/billguard-previous-major"
+    printf 'Package: *\nPin: release n=%s\nPin-Priority: 100\n\nPackage: *\nPin: release n=%s-security\nPin-Priority: 100\n' \
+      "$previous" "$previous" >"$root/etc/apt/preferences.d/billguard-previous-major"
   fi
   # The chroot's postgres has the host's uid and gid: both reserve ports for
   # PostgreSQL's test harness in one directory, and a reservation file of

@@ -4,8 +4,9 @@
 # forky: 17 from trixie): billguard built for both, a cluster of the old
 # major with 50 records claimed and in flight (pending: no API key, so
 # nothing is sent), pg_upgrade in copy or link mode, and the records, keys
-# and journal compared after it. Not yet a test of the suite: the scenarios
-# with history, records dispatching and the emulator come next.
+# and journal compared after it. A quick look: the suite's scenario, with
+# history, records in flight and the emulator, is
+# test/t/197_pg_upgrade_across_majors.pl.
 #   test/majors/chroot.sh run 17 /src/test/majors/inside.sh test/majors/upgrade-probe.sh [copy|link]
 set -euo pipefail
 mode=${1:-copy}
