@@ -131,7 +131,7 @@ sub dispatcher_waits {
 sub sends_what_was_claimed {
 	my ($node, $emulator, $key_file, $claimed, $history) = @_;
 	$node->reload_with(api_key_file => $key_file);
-	ok($node->$_->wait_until_settled(), "$_, claimed before the update, is sent after it") for @$claimed;
+	ok($node->wait_until_settled($_), "$_, claimed before the update, is sent after it") for @$claimed;
 	is($node->q1("SELECT initiated FROM billguard.bill_period('2026-09')"), '31', 'after the update: 2026-09 claimed');
 	ok($node->wait_until_settled('2026-09'), 'after the update: 2026-09 settles');
 	is($node->q1(q{SELECT string_agg(billing_period || ' ' || status || '=' || n, ', ') FROM

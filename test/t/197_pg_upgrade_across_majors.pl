@@ -97,7 +97,7 @@ sub old_cluster {
 	my ($name, $emulator) = @_;
 	my $node = BillguardNode->dispatching($name, $emulator, { install_path => $old_install },
 		"billguard.max_inflight = $in_flight", "billguard.request_timeout = '60s'");
-	$node->$accounts->add_accounts();
+	$node->add_accounts($accounts);
 	$node->q1(q{UPDATE billguard.accounts SET payment_method = 'pm_card_chargeDeclined' WHERE customer_id = 'cust_000001'});
 	return $node;
 }
