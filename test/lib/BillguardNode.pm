@@ -182,6 +182,16 @@ sub statuses_of {
 		  FROM (SELECT status, count(*) n FROM billguard.billing_records WHERE billing_period = '$period' GROUP BY 1) s});
 }
 
+# How many rows of $table say each outcome in $column, those beginning
+# 'refused:' counted together as 'refused': { outcome => count }.
+sub outcome_counts {
+	my ($self, $table, $column) = @_;
+	return { map { split /\|/ } split /\n/, $self->q1(qq{
+		SELECT kind || '|' || count(*)
+		  FROM (SELECT CASE WHEN $column LIKE 'refused:%' THEN 'refused' ELSE $column END AS kind FROM $table) o
+		 GROUP BY kind}) };
+}
+
 # One entity's event types in seq_nr order, comma-separated, each with "(value)" of every one of @fields it has.
 sub event_types {
 	my ($self, $customer, $period, @fields) = @_;

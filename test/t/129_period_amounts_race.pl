@@ -95,10 +95,7 @@ my $last = $node->q1("SELECT initiated || '/' || below_minimum FROM billguard.bi
 note("the last bill_period, after metering: initiated/below_minimum $last");
 
 # The race met.
-my %outcomes = map { split /\|/ } split /\n/, $node->q1(q{
-	SELECT kind || '|' || count(*)
-	  FROM (SELECT CASE WHEN revised LIKE 'refused:%' THEN 'refused' ELSE revised END AS kind FROM t129_writes) w
-	 GROUP BY kind});
+my %outcomes = %{ $node->outcome_counts('t129_writes', 'revised') };
 note(sprintf('revisions: %d billed, %d refused', $outcomes{revised} // 0, $outcomes{refused} // 0));
 cmp_ok($outcomes{revised} // 0, '>', 0, 'some revisions came before their claim');
 cmp_ok($outcomes{refused} // 0, '>', 0, 'some came after it and were refused');

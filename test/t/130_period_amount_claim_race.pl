@@ -94,10 +94,7 @@ $node->release_gate($gate, 31);
 finish_race(@changers, $biller);
 is(scalar(grep { $_->{exit} != 0 } @changers, $biller), 0, 'at once: every racing session ran to its end')
   or diag(join("\n", map { $_->{err} } @changers, $biller));
-my %outcomes = map { split /\|/ } split /\n/, $node->q1(q{
-	SELECT kind || '|' || count(*)
-	  FROM (SELECT CASE WHEN outcome LIKE 'refused:%' THEN 'refused' ELSE outcome END AS kind FROM t130_changes) c
-	 GROUP BY kind});
+my %outcomes = %{ $node->outcome_counts('t130_changes', 'outcome') };
 note(sprintf('at once: %d changes came first, %d were refused', $outcomes{changed} // 0, $outcomes{refused} // 0));
 is(($outcomes{changed} // 0) + ($outcomes{refused} // 0), 30, 'at once: each of the 30 changes answered');
 is($node->q1(q{
