@@ -182,6 +182,16 @@ sub statuses_of {
 		  FROM (SELECT status, count(*) n FROM billguard.billing_records WHERE billing_period = '$period' GROUP BY 1) s});
 }
 
+# How many rows of $table say each outcome in $column, those beginning
+# 'refused:' counted together as 'refused': { outcome => count }.
+sub outcome_counts {
+	my ($self, $table, $column) = @_;
+	return { map { split /\|/ } split /\n/, $self->q1(qq{
+		SELECT kind || '|' || count(*)
+		  FROM (SELECT CASE WHEN $column LIKE 'refused:%' THEN 'refused' ELSE $column END AS kind FROM $table) o
+		 GROUP BY kind}) };
+}
+
 # One entity's event types in seq_nr order, comma-separated, each with "(value)" of every one of @fields it has.
 sub event_types {
 	my ($self, $customer, $period, @fields) = @_;
@@ -293,6 +303,67 @@ sub release_gate {
 	  or die "racers did not reach the gate";
 	$self->q1("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'billguard_gate'");
 	$gate->finish;
+	return;
+}
+
+# An open psql session for a race decided by locks: send() a statement
+# without waiting for it (it may block on a lock), done() for what it
+# printed and what it said on stderr once it has finished, query() both at
+# once. Errors do not end the session.
+sub session {
+	my ($self) = @_;
+	my %s = (in => '', out => '', err => '', node => $self, marks => 0);
+	$s{handle} = IPC::Run::start([ 'psql', '-XAtq', '-d', $self->connstr('postgres') ],
+		'<', \$s{in}, '>', \$s{out}, '2>', \$s{err});
+	my $session = bless \%s, 'BillguardNode::Session';
+	($session->{pid}) = $session->query('SELECT pg_backend_pid()');
+	return $session;
+}
+
+# Waits until $session waits for a lock (a row's, or an advisory one).
+sub waits_for_lock {
+	my ($self, $session, $timeout) = @_;
+	return wait_until("session $session->{pid} to wait for a lock", $timeout // 30, sub {
+		$self->q1("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $session->{pid}") eq 't';
+	}, interval => 0.05);
+}
+
+package BillguardNode::Session;
+
+use BillguardTest qw(wait_until);
+
+sub send {
+	my ($self, $sql) = @_;
+	$self->{out} = '';
+	$self->{err} = '';
+	$self->{mark} = 'DONE_' . ++$self->{marks};
+	$self->{in} .= "$sql;\n\\echo $self->{mark}\n";
+	$self->{handle}->pump_nb;
+	return;
+}
+
+# (printed, stderr) of the statement sent last, once it finished.
+sub done {
+	my ($self, $timeout) = @_;
+	my $mark = $self->{mark};
+	wait_until("the session's statement to finish", $timeout // 60,
+		sub { $self->{handle}->pump_nb; $self->{out} =~ /^\Q$mark\E$/m }, interval => 0.02)
+	  or die "session statement did not finish: $self->{err}";
+	my ($printed) = $self->{out} =~ /\A(.*?)^\Q$mark\E$/ms;
+	chomp $printed;
+	return ($printed, $self->{err});
+}
+
+sub query {
+	my ($self, $sql) = @_;
+	$self->send($sql);
+	return $self->done;
+}
+
+sub close {
+	my ($self) = @_;
+	$self->{in} .= "\\q\n";
+	eval { $self->{handle}->finish };
 	return;
 }
 

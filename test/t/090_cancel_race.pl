@@ -73,10 +73,7 @@ is($deactivator->{exit}, 0, 'the deactivating session ran to its end') or diag($
 ok($node->wait_until_settled('2026-08'), 'every record of the period settles');
 
 # The race met.
-my %outcomes = map { split /\|/, $_, 2 } split /\n/, $node->q1(q{
-	SELECT kind || '|' || count(*)
-	  FROM (SELECT CASE WHEN outcome LIKE 'refused:%' THEN 'refused' ELSE outcome END AS kind FROM t090_outcome) o
-	 GROUP BY kind});
+my %outcomes = %{ $node->outcome_counts('t090_outcome', 'outcome') };
 note(sprintf('cancel_record: %d cancelled, %d refused', $outcomes{cancelled} // 0, $outcomes{refused} // 0));
 cmp_ok($outcomes{cancelled} // 0, '>', 0, 'some cancel_record calls came before the dispatcher');
 cmp_ok($outcomes{refused} // 0, '>', 0, 'some found their record already claimed and were refused');
