@@ -30,6 +30,7 @@ packages=(
   "${style[@]}"
   openssl  # its command line signs the webhook tests' deliveries, independently of billguard
   prometheus wrk
+  prometheus-postgres-exporter  # runs monitoring/postgres_exporter.yaml (test/t/198)
   dpkg-dev bzip2 xz-utils  # apt-get source unpacks PostgreSQL's regression suite with dpkg-source
 )
 # The proxy's real-client test runs the official stripe package on Node.js.

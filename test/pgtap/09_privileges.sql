@@ -14,12 +14,15 @@
 -- dispatch_status (seeing the dispatcher as a superuser does), requeue a
 -- failed record and resolve one that needs review, but cannot bill, read or
 -- change the tables, or see where the API key lives; the webhook role
--- (billing_webhooks) can call ingest_stripe_event and nothing else.
+-- (billing_webhooks) can call ingest_stripe_event and nothing else; the
+-- monitoring role (billing_monitor) can run the metrics' queries of
+-- monitoring/postgres_exporter.yaml, but read no charge id, customer or
+-- request, bill, or change anything.
 -- The block between the markers is that of docs/privileges.md, verbatim;
 -- test/t/106_privileges_doc_in_step.pl fails when the two differ.
 -- Roles are created inside the transaction and vanish with the ROLLBACK.
 BEGIN;
-SELECT plan(88);
+SELECT plan(98);
 
 UPDATE billguard.accounts SET active = false WHERE customer_id NOT LIKE 't09\_%';
 INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency) VALUES
@@ -31,6 +34,7 @@ CREATE ROLE billing_app NOLOGIN;
 CREATE ROLE billing_accounts NOLOGIN;
 CREATE ROLE billing_ops NOLOGIN;
 CREATE ROLE billing_webhooks NOLOGIN;
+CREATE ROLE billing_monitor NOLOGIN;
 -- docs/privileges.md grants: begin
 -- The application: bills, and reads what it billed.
 GRANT USAGE ON SCHEMA billguard TO billing_app;
@@ -79,6 +83,14 @@ TO billing_ops;
 -- verified events applied to the records, and nothing else.
 GRANT USAGE ON SCHEMA billguard TO billing_webhooks;
 GRANT EXECUTE ON FUNCTION billguard.ingest_stripe_event(text, text) TO billing_webhooks;
+
+-- Monitoring (monitoring/postgres_exporter.yaml, docs/monitoring.md): the
+-- records' counts and sums by period, status and currency, the dispatcher's
+-- state, the proxy's budgets; no charge id, customer or request.
+GRANT USAGE ON SCHEMA billguard TO billing_monitor;
+GRANT SELECT ON billguard.dispatch_status, billguard.vault_spend TO billing_monitor;
+GRANT SELECT (billing_period, status, currency, amount_cents) ON billguard.billing_records TO billing_monitor;
+GRANT EXECUTE ON FUNCTION billguard.dispatcher_state() TO billing_monitor;
 -- docs/privileges.md grants: end
 
 ------------------------------------------------------------------------------
@@ -300,6 +312,38 @@ SET LOCAL ROLE billing_app;
 SELECT throws_ok($$SELECT billguard.ingest_stripe_event('{}', 't=1,v1=00')$$, '42501',
                  'permission denied for function ingest_stripe_event',
                  'billing_app: ingest_stripe_event refused (webhooks are not the application''s)');
+RESET ROLE;
+
+------------------------------------------------------------------------------
+-- The monitoring role: the queries of monitoring/postgres_exporter.yaml (the
+-- records' counts by period, status and currency, the dispatcher, the
+-- budgets), and nothing else.
+CREATE TEMPORARY TABLE t09_groups_seen_by_superuser AS
+  SELECT billing_period, status, currency FROM billguard.billing_records GROUP BY 1, 2, 3;
+GRANT SELECT ON t09_groups_seen_by_superuser TO billing_monitor;
+SET LOCAL ROLE billing_monitor;
+SELECT is(current_user::text, 'billing_monitor', 'running as billing_monitor');
+SELECT is((SELECT count(*) FROM (SELECT billing_period, status, currency, count(*), sum(amount_cents)
+                                  FROM billguard.billing_records GROUP BY 1, 2, 3) g),
+          (SELECT count(*) FROM t09_groups_seen_by_superuser),
+          'billing_monitor: the records by period, status and currency, as a superuser counts them');
+SELECT lives_ok($$SELECT worker_running, paused, pause_reason, in_flight, requests_sent, due, outstanding,
+                         oldest_outstanding_age, completed_last_minute, failed_last_minute
+                    FROM billguard.dispatch_status$$, 'billing_monitor: dispatch_status can be read');
+SELECT lives_ok($$SELECT vendor, billing_period, currency, cap_cents, committed_cents, settled_cents, reserved_cents
+                    FROM billguard.vault_spend$$, 'billing_monitor: vault_spend can be read');
+SELECT throws_ok(statement, '42501', message, 'billing_monitor: ' || refused) FROM (VALUES
+  ($$SELECT charge_id FROM billguard.billing_records$$,
+   'permission denied for table billing_records', 'charge ids refused'),
+  ($$SELECT customer_id FROM billguard.billing_records$$,
+   'permission denied for table billing_records', 'customer ids refused'),
+  ($$UPDATE billguard.billing_records SET status = 'completed'$$,
+   'permission denied for table billing_records', 'UPDATE of billing_records refused'),
+  ($$SELECT * FROM billguard.vault_keys$$, 'permission denied for table vault_keys', 'vault_keys refused'),
+  ($$SELECT * FROM billguard.accounts$$, 'permission denied for table accounts', 'accounts refused'),
+  ($$SELECT * FROM billguard.bill_period('2034-05')$$,
+   'permission denied for function bill_period', 'bill_period refused')
+) AS cases (statement, message, refused);
 RESET ROLE;
 
 ------------------------------------------------------------------------------
