@@ -36,6 +36,8 @@ COMMENT ON TABLE billguard.period_amounts IS
 
 \ir ../udfs/refuse_frozen_period_amount/latest.sql
 
+-- bill_period reads one period's amounts, whatever the history holds.
+CREATE INDEX period_amounts_period ON billguard.period_amounts (billing_period);
 CREATE TRIGGER period_amounts_frozen BEFORE INSERT OR UPDATE OR DELETE ON billguard.period_amounts
   FOR EACH ROW EXECUTE FUNCTION billguard.refuse_frozen_period_amount();
 CREATE TRIGGER period_amounts_updated_at BEFORE UPDATE ON billguard.period_amounts

@@ -33,6 +33,7 @@ figure() {
   case $what in
     key) sed -n 's/^idempotency_key x [0-9]*: billguard \([0-9]*\) ms, SQL expression \([0-9]*\) ms.*/\1 \/ \2/p' "$file" ;;
     bill) sed -n 's/^bill_period over [0-9]* accounts: \([0-9]*\) ms; seed pre-flight insert: \([0-9]*\) ms/\1 \/ \2/p' "$file" ;;
+    amounts) sed -n 's/^bill_period over [0-9]* accounts with period amounts: \([0-9]*\) ms; seed pre-flight insert: \([0-9]*\) ms/\1 \/ \2/p' "$file" ;;
     rerun) sed -n 's/^re-run (idempotent): bill_period \([0-9]*\) ms; seed insert \([0-9]*\) ms/\1 \/ \2/p' "$file" ;;
     i64) sed -n 's/^  max_inflight  64: *\([0-9.]*\) charges\/s.*/\1/p' "$file" ;;
     i200) sed -n 's/^  max_inflight 200: *\([0-9.]*\) charges\/s.*/\1/p' "$file" ;;
@@ -46,6 +47,7 @@ echo "== bench per major (ms: billguard / baseline; charges/s; per charge)"
 rows=("key:idempotency_key x 1M, ms (ours / SQL)"
   "bill:bill_period 1M accounts, ms (ours / seed insert)"
   "rerun:bill_period again, ms (ours / seed insert)"
+  "amounts:bill_period 1M period amounts, ms (ours / seed insert)"
   "i64:dispatch 50 ms, 64 in flight, charges/s"
   "i200:dispatch 50 ms, 200 in flight, charges/s"
   "cpu:database CPU per charge, us"

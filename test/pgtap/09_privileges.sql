@@ -22,7 +22,7 @@
 -- test/t/106_privileges_doc_in_step.pl fails when the two differ.
 -- Roles are created inside the transaction and vanish with the ROLLBACK.
 BEGIN;
-SELECT plan(98);
+SELECT plan(99);
 
 UPDATE billguard.accounts SET active = false WHERE customer_id NOT LIKE 't09\_%';
 INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency) VALUES
@@ -267,6 +267,9 @@ SELECT is(billguard.adopt_database(), 'this database bills its history already: 
 SELECT is(billguard.retry_record('t09_carol', '2034-01'), 'pending', 'billing_ops: retry_record works');
 SELECT is(billguard.resolve_record('t09_dave', '2034-01', 'pi_t09dave'), 'completed',
           'billing_ops: resolve_record works');
+SELECT throws_ok($$SELECT billguard.reclaim_record('t09_carol', '2034-01')$$, '22023',
+                 'billing record t09_carol/2034-01 is pending: only a cancelled record can be claimed again',
+                 'billing_ops: reclaim_record can be called (and refuses a record that is not cancelled)');
 SELECT throws_ok($$SHOW billguard.api_key_file$$, '42501', NULL,
                  'billing_ops: where the API key lives stays hidden');
 SELECT throws_ok(statement, '42501', message, 'billing_ops: ' || refused) FROM (VALUES

@@ -23,10 +23,11 @@
 -- control character, a NUL, metadata Stripe would refuse, an acct_ of a bad
 -- shape, a negative fee, a fee without a connected account) is refused with
 -- 23xxx/22xxx and changes nothing; a connected account or fee does not
--- change while a record is in flight (23001); REPEATABLE READ writers and
--- claims are refused (25000).
+-- change while a record is in flight (23001); the scheduler's tick that
+-- claims only below_minimum records says billed; REPEATABLE READ writers
+-- and claims are refused (25000).
 BEGIN;
-SELECT plan(79);
+SELECT plan(81);
 
 UPDATE billguard.accounts SET active = false WHERE customer_id NOT LIKE 't19\_%';
 INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, stripe_account,
@@ -275,6 +276,18 @@ SELECT results_eq($$SELECT (SELECT count(*) FROM billguard.period_amounts), (SEL
                   'bad input changed nothing');
 SELECT is((SELECT stripe_account FROM billguard.accounts WHERE customer_id = 't19_idle'), 'acct_1T19Idle',
           'the refused updates left the account as it was');
+
+-- The scheduler's tick: a claim of below_minimum records only is billed,
+-- not taken for a period billed already.
+UPDATE billguard.accounts SET active = false WHERE customer_id NOT IN ('t19_fixed', 't19_zero');
+INSERT INTO billguard.period_amounts (customer_id, billing_period, amount_cents, currency)
+VALUES ('t19_zero', '2037-06', 0, 'usd');
+SELECT is((SELECT status FROM billguard.bill_customer('t19_fixed', '2037-06')), 'initiated',
+          'tick: t19_fixed is billed for 2037-06 before the tick');
+SET LOCAL billguard.scheduler_now = '2037-07-01 00:00:00+00';
+SELECT results_eq($$SELECT billing_period, outcome, initiated, existing FROM billguard.scheduler_tick()$$,
+                  $$VALUES ('2037-06'::text, 'billed'::text, 0::bigint, 1::bigint)$$,
+                  'tick: it claims t19_zero below_minimum, billed, and counts t19_fixed''s record as existing');
 
 -- A snapshot fixed before a claim could miss it: REPEATABLE READ writers
 -- and claims are refused, in a second session (dblink).

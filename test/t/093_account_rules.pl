@@ -82,7 +82,7 @@ run_command([ 'pg_dump', '-Fc', '-f', $dump, '-d', $node->connstr('postgres') ])
 $node->q1('CREATE DATABASE restored');
 ($out, $err) = run_command([ 'pg_restore', '-d', $node->connstr('restored'), $dump ]);
 is($err, '', 'the updated database restores without error');
-is($node->safe_psql('restored', q{SET ROLE billing_app; SELECT count(*) FROM billguard.period_status('2026-08')}), '8',
+is($node->safe_psql('restored', q{SET ROLE billing_app; SELECT count(*) FROM billguard.period_status('2026-08')}), '9',
 	'billing_app calls period_status in the restored database: its grant was dumped');
 
 # A database that is not UTF8.

@@ -74,8 +74,9 @@ BEGIN
     )
     SELECT count(*) FILTER (WHERE c.status = 'pending') INTO initiated FROM claimed c;
   EXCEPTION WHEN unique_violation THEN
-    -- Only a REPEATABLE READ / SERIALIZABLE caller whose snapshot predates
-    -- another claim gets here; nothing of this call is kept.
+    -- Only a snapshot older than another claim gets here, which
+    -- check_claim_isolation() refuses first; kept as a guard: nothing of
+    -- this call is kept.
     RAISE EXCEPTION 'billing records of % were claimed concurrently; retry the transaction', period
       USING ERRCODE = 'serialization_failure';
   END;

@@ -36,6 +36,7 @@ CREATE OR REPLACE FUNCTION billguard.scheduler_tick()
 DECLARE
   schedule record;
   claimed  record;
+  below_now bigint;
   state    jsonb;
   issued   jsonb;
   tick_at  timestamptz := (SELECT s.now FROM billguard.scheduler_settings() s);
@@ -81,8 +82,14 @@ BEGIN
     END IF;
     SELECT * INTO claimed FROM billguard.claim_period(schedule.due_period, search_first_reason);
     initiated := claimed.initiated;
-    existing := claimed.already_completed + claimed.in_progress + claimed.failed + claimed.cancelled;
-    outcome := CASE WHEN initiated = 0 AND existing > 0 THEN 'already_billed' ELSE 'billed' END;
+    -- claim_period counts the below_minimum records of the period, this
+    -- claim's (created by this transaction, at now()) and earlier ones.
+    SELECT count(*) INTO below_now FROM billguard.billing_records r
+     WHERE r.billing_period = schedule.due_period AND r.status = 'below_minimum' AND r.created_at = now();
+    existing := claimed.already_completed + claimed.in_progress + claimed.failed + claimed.cancelled
+                + claimed.below_minimum - below_now;
+    outcome := CASE WHEN initiated = 0 AND below_now = 0 AND existing > 0 THEN 'already_billed'
+                    ELSE 'billed' END;
     IF initiated = 0 THEN
       search_first_reason := NULL;   -- no record carries it
     END IF;
