@@ -352,9 +352,10 @@ class Dispatcher {
     const std::uint64_t tag = next_tag_++;
     const bool search = records_.ready()[index].claimed.search_first;
     const ClaimedRecord& claimed = records_.Sent(index, tag, search, key.key_id).claimed;
-    http_.Submit(search ? SearchRequest(account, claimed.endpoint, claimed.idempotency_key, tag)
+    http_.Submit(search ? SearchRequest(account, claimed.endpoint, claimed.idempotency_key,
+                                        claimed.stripe_account, tag)
                         : ChargeRequest(account, claimed.endpoint, claimed.body,
-                                        claimed.idempotency_key, tag));
+                                        claimed.idempotency_key, claimed.stripe_account, tag));
     ++sent_;
   }
 
