@@ -1,4 +1,4 @@
-CREATE FUNCTION billguard.bill_customer(customer_id text, billing_period text,
+CREATE OR REPLACE FUNCTION billguard.bill_customer(customer_id text, billing_period text,
                                         request_id text DEFAULT NULL)
   RETURNS TABLE (status text, idempotency_key text, charge_id text)
   LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -40,6 +40,12 @@ BEGIN
       USING ERRCODE = 'invalid_parameter_value';
   END IF;
 
+  IF account.amount_cents IS NULL THEN
+    RAISE EXCEPTION 'customer % has no amount for %: its account is usage-only and the period has no period amount',
+                    quote_literal(customer), period
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+
   -- Shared with other single claims, exclusive against bill_period (see there).
   PERFORM pg_advisory_xact_lock_shared(billguard.period_lock_class(), hashtext(period));
 
@@ -49,9 +55,10 @@ BEGIN
   -- as on (customer_id, billing_period), and both must mean "taken".
   INSERT INTO billguard.billing_records AS r
          (customer_id, billing_period, idempotency_key, amount_cents, currency,
-          stripe_customer, payment_method, request_id)
+          stripe_customer, payment_method, request_id, stripe_account, application_fee_cents)
   VALUES (customer, period, key, account.amount_cents, account.currency,
-          account.stripe_customer, account.payment_method, bill_customer.request_id)
+          account.stripe_customer, account.payment_method, bill_customer.request_id,
+          account.stripe_account, account.application_fee_cents)
   ON CONFLICT DO NOTHING
   RETURNING r.created_at INTO claimed_at;
   IF NOT FOUND THEN

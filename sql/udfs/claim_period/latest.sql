@@ -30,12 +30,13 @@ BEGIN
     WITH claimed AS (
       INSERT INTO billguard.billing_records AS r
              (customer_id, billing_period, idempotency_key, amount_cents, currency,
-              stripe_customer, payment_method, search_first_reason)
+              stripe_customer, payment_method, search_first_reason, stripe_account,
+              application_fee_cents)
       SELECT a.customer_id, period, billguard.idempotency_key(a.customer_id, period, ns),
              a.amount_cents, a.currency, a.stripe_customer, a.payment_method,
-             claim_period.search_first_reason
+             claim_period.search_first_reason, a.stripe_account, a.application_fee_cents
         FROM billguard.accounts a
-       WHERE a.active
+       WHERE a.active AND a.amount_cents IS NOT NULL
          AND NOT EXISTS (SELECT FROM billguard.billing_records e
                           WHERE e.customer_id = a.customer_id AND e.billing_period = period)
       RETURNING r.customer_id, r.idempotency_key, r.amount_cents, r.currency, r.created_at
