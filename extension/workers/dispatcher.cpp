@@ -418,13 +418,15 @@ class Dispatcher {
     JudgedAnswer judged;
     judged.claimed = &answered.claimed;
     judged.search = answered.searching;
+    const bool on_connected_account = !answered.claimed.stripe_account.empty();
     if (judged.search) {
       judged.found = ReadSearchAnswer(answered.response, answered.claimed.idempotency_key);
-      judged.outcome =
-          JudgeSearch(judged.found, answered.claimed.unknown_cycles, settings::max_unknown_cycles);
+      judged.outcome = JudgeSearch(judged.found, answered.claimed.unknown_cycles,
+                                   settings::max_unknown_cycles, on_connected_account);
     } else {
       judged.charge = ReadChargeAnswer(answered.response);
-      judged.outcome = JudgeCharge(judged.charge, answered.claimed.attempt, settings::max_attempts);
+      judged.outcome = JudgeCharge(judged.charge, answered.claimed.attempt, settings::max_attempts,
+                                   on_connected_account);
     }
     return judged;
   }

@@ -119,6 +119,18 @@ subtest 'a Stripe-Account that names no account: 403, nothing created' => sub {
   is($emulator->get('/v1/payment_intents', [], headers => { 'Stripe-Account' => 'nope' })->{status}, 403,
     'reads too');
   is($emulator->stats->{created}, $created + 1, 'only the well-shaped one created anything');
+
+  my $set = $emulator->configure(refused_accounts => ['acct_1RevokedAccount01']);
+  is_deeply($set->{json}{refused_accounts}, ['acct_1RevokedAccount01'], 'an account that refuses the platform, by config');
+  my $refused = post_intent('acct_1RevokedAccount01', 'revoked-1');
+  is($refused->{status}, 403, 'its requests: 403');
+  like($refused->{json}{error}{message}, qr/does not have access to account 'acct_1RevokedAccount01' \(or that account does not exist\)/,
+    '... Stripe\'s message');
+  is(post_intent('acct_1TestAccountA0001', 'revoked-2')->{status}, 200, 'another account still answers');
+  is($emulator->configure(refused_accounts => 'acct_1RevokedAccount01')->{status}, 400, 'not a list: 400');
+  is($emulator->configure(refused_accounts => ['cus_1'])->{status}, 400, 'not acct_ ids: 400');
+  $emulator->configure(refused_accounts => []);
+  is(post_intent('acct_1RevokedAccount01', 'revoked-1')->{status}, 200, 'taken out of the list: it answers again');
 };
 
 subtest 'a connected account\'s webhooks name it in account; the platform\'s have none' => sub {

@@ -15,6 +15,9 @@
 #     record would end needs_review) and completes the record;
 #   - a customer's connected account does not change while one of its
 #     records may still be sent;
+#   - a connected account whose access was revoked (Stripe's 403 "does
+#     not have access to account"): its record fails with Stripe's word,
+#     the other accounts' records complete, the dispatcher is not paused;
 #   - webhooks per account: an event of one account naming another's
 #     record (its key, amount, currency and customer), or the platform's
 #     naming a connected account's, is a mismatch and completes nothing;
@@ -109,6 +112,22 @@ is($node->record_of('cust_conn_a', '2031-03') =~ s/\|\d+$//r, "completed|$behind
 like($node->event_types('cust_conn_a', '2031-03'), qr/ChargeUnknown,.*ChargeReconciled$/,
 	'an unknown result, then reconciled by the search');
 
+# ---- a connected account that refuses the platform: its records fail, the others bill ----
+
+$node->q1(q{INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method, stripe_account)
+            VALUES ('cust_conn_revoked', 'cus_same', 2000, 'usd', 'pm_card_visa', 'acct_131Revoked')});
+$emulator->configure(refused_accounts => ['acct_131Revoked']);
+is($node->q1("SELECT initiated FROM billguard.bill_period('2031-05')"), '4', '2031-05: four records claimed');
+ok($node->wait_until_settled('2031-05'), '2031-05 settles');
+is($node->statuses_of('2031-05'), 'completed=3, failed=1', 'three completed, one failed');
+is($node->status_of('cust_conn_revoked', '2031-05'), 'failed', 'the revoked account\'s record failed');
+like($node->q1("SELECT last_error FROM billguard.billing_records WHERE customer_id = 'cust_conn_revoked' AND billing_period = '2031-05'"),
+	qr/does not have access to account 'acct_131Revoked'/, '... with Stripe\'s word');
+is(scalar(@{ ledger_for_key($emulator, $node->key_of('cust_conn_revoked', '2031-05')) }), 0, '... and nothing charged');
+is($node->q1('SELECT paused FROM billguard.dispatch_status'), 'f', 'the dispatcher is not paused by one account');
+$emulator->configure(refused_accounts => []);
+$node->q1("UPDATE billguard.accounts SET active = false WHERE customer_id = 'cust_conn_revoked'");
+
 # ---- webhooks per account ---------------------------------------------------------------
 
 # Three records of 2031-04 the dispatcher leaves alone, unknown as after a
@@ -131,6 +150,11 @@ like($err, qr/account 'cust_conn_a' has a billing record in flight \(2031-04, ke
 	'... naming the customer and the record');
 is($node->q1("SELECT stripe_account FROM billguard.accounts WHERE customer_id = 'cust_conn_a'"), 'acct_131A',
 	'... and nothing changed');
+($rc, $out, $err) = $node->psql('postgres', q{UPDATE billguard.billing_records SET stripe_account = 'acct_131B'
+                                              WHERE customer_id = 'cust_conn_a' AND billing_period = '2031-04'});
+isnt($rc, 0, 'the record\'s own stripe_account is frozen with its request: changing it is refused');
+is($node->q1(q{SELECT stripe_account FROM billguard.billing_records WHERE customer_id = 'cust_conn_a' AND billing_period = '2031-04'}),
+	'acct_131A', '... and nothing changed');
 
 my $event_number = 0;
 # payment_intent.succeeded from $from (an acct_ id, or undef: the platform)

@@ -96,18 +96,21 @@ std::optional<StripeError> StripeApi::authenticate(const HttpRequest& request,
 
 std::optional<StripeError> StripeApi::connected_account(const HttpRequest& request,
                                                         const std::string& api_key,
-                                                        std::optional<std::string>& account) {
+                                                        std::optional<std::string>& account) const {
   const std::string* header = request.header("stripe-account");
   if (!header) return std::nullopt;  // the platform acts for itself
   // Any acct_ id of Stripe's shape is taken for a connected account of the
-  // platform; anything else names no account the key may act on.
+  // platform, but those the control API says refuse it; anything else names
+  // no account the key may act on.
   static const std::string kPrefix = "acct_";
   const bool shaped =
       header->size() > kPrefix.size() && header->size() <= kMaxAccountIdLength &&
       header->compare(0, kPrefix.size(), kPrefix) == 0 &&
       header->find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789",
                                 kPrefix.size()) == std::string::npos;
-  if (!shaped) return errors::account_inaccessible(api_key, *header);
+  if (!shaped || state_.refused_accounts.contains(*header)) {
+    return errors::account_inaccessible(api_key, *header);
+  }
   account = *header;
   return std::nullopt;
 }

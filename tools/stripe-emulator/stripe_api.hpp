@@ -31,10 +31,11 @@ class StripeApi {
   static std::optional<Route> resolve_route(const std::string& method, const std::string& path);
   std::optional<StripeError> authenticate(const HttpRequest& request, std::string& api_key) const;
   // The connected account of Stripe-Account (nullopt without the header:
-  // the platform), or a 403 for a value that names no account.
-  static std::optional<StripeError> connected_account(const HttpRequest& request,
-                                                      const std::string& api_key,
-                                                      std::optional<std::string>& account);
+  // the platform), or a 403 for a value that names no account or one that
+  // refuses the platform.
+  std::optional<StripeError> connected_account(const HttpRequest& request,
+                                               const std::string& api_key,
+                                               std::optional<std::string>& account) const;
   HandlerResult run_creation(const HttpRequest& request, const Route& route,
                              const std::string& api_key, const std::optional<std::string>& account,
                              const FormParams& params, const std::optional<Fault>& server_error);
