@@ -18,7 +18,9 @@
 #   - a connected account whose access was revoked (Stripe's 403 "does
 #     not have access to account"): its record fails with Stripe's word,
 #     the other accounts' records complete, the dispatcher is not paused;
-#   - webhooks per account: an event of one account naming another's
+#   - webhooks per account, from two endpoints (the account endpoint's and
+#     the Connect endpoint's secrets in one billguard.webhook_secret_file):
+#     an event of one account naming another's
 #     record (its key, amount, currency and customer), or the platform's
 #     naming a connected account's, is a mismatch and completes nothing;
 #     each account's own event completes its own record.
@@ -32,8 +34,12 @@ use BillguardNode;
 use SecretFile qw(write_secret_file);
 use StripeWebhook;
 
-my $secret = 'whsec_131connectSecretAbcdefghij01';
-my $secret_file = write_secret_file(PostgreSQL::Test::Utils::tempdir() . '/webhook.secret', $secret);
+# The platform's account endpoint and its Connect endpoint, each with its
+# own signing secret, one a line in the one secret file.
+my $secret = 'whsec_131accountEndpointAbcdefgh01';
+my $connect_secret = 'whsec_131connectEndpointAbcdefgh02';
+my $secret_file = write_secret_file(PostgreSQL::Test::Utils::tempdir() . '/webhook.secret',
+	"$secret\n$connect_secret\n");
 my $emulator = start_emulator();
 my $node = BillguardNode->dispatching('connect_accounts', $emulator,
 	"billguard.webhook_secret_file = '$secret_file'", "billguard.search_settle_delay = '1s'",
@@ -166,10 +172,13 @@ sub succeeded_event {
 		object => { id => "pi_131_$n", object => 'payment_intent', amount => 2000, currency => 'usd',
 			customer => 'cus_same', status => 'succeeded', metadata => { billguard_key => $node->key_of($customer, '2031-04') } });
 }
+# A delivery signed as the endpoint that hears it signs it: a connected
+# account's event by the Connect endpoint, the platform's by the account one.
 sub deliver {
 	my ($payload) = @_;
+	my $signed_with = decode_json($payload)->{account} ? $connect_secret : $secret;
 	my ($rc, $out, $err) = $node->psql('postgres', q{SELECT billguard.ingest_stripe_event(:'payload', :'header')},
-		extra_params => [ '-v', "payload=$payload", '-v', 'header=' . webhook_signature($payload, time, $secret) ]);
+		extra_params => [ '-v', "payload=$payload", '-v', 'header=' . webhook_signature($payload, time, $signed_with) ]);
 	return $rc == 0 ? $out : $err;
 }
 
