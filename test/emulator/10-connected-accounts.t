@@ -2,11 +2,13 @@
 # connected account. Objects and idempotency keys are kept per account (the
 # platform is the account of requests without the header), reads see one
 # account's objects only, application_fee_amount needs a connected account,
-# and a connected account's webhooks carry its id in `account`.
+# and a connected account's webhooks carry its id in `account`, delivered
+# to a Connect endpoint of their own when one is configured.
 use strict;
 use warnings;
 use FindBin;
 use lib "$FindBin::Bin/lib";
+use Digest::SHA ();
 use JSON::PP;
 use Test::More;
 use StripeEmulatorHarness;
@@ -149,6 +151,32 @@ subtest 'a connected account\'s webhooks name it in account; the platform\'s hav
   is($refund->{status}, 200, 'a refund of acct_A\'s charge (the dashboard sees every account)');
   is(StripeEmulatorHarness::next_webhook_delivery($listener)->{event}{account}, 'acct_1TestAccountA0001',
     '... announced with account acct_A');
+};
+
+subtest 'with a Connect endpoint: connected accounts\' events go there, signed with its secret' => sub {
+  my ($connect_listener, $connect_url) = StripeEmulatorHarness::webhook_listener('/hooks/connect');
+  my $connect_secret = 'whsec_emulatorConnectEndpoint0001';
+  my $set = $emulator->control(POST => '/_emulator/webhooks', { connect_url => $connect_url, connect_secret => $connect_secret });
+  is($set->{status}, 200, 'a Connect endpoint configured');
+  is($set->{json}{connect_url}, $connect_url, '... shown');
+  ok($set->{json}{connect_secret_set} && !exists $set->{json}{connect_secret}, '... its secret only as connect_secret_set');
+  post_intent('acct_1TestAccountB0002', 'hooks-connect', 'metadata[billguard_key]' => 'hooks-connect');
+  my @on_b = map { StripeEmulatorHarness::next_webhook_delivery($connect_listener) } 1 .. 3;
+  is_deeply([map { $_ && $_->{event}{account} } @on_b], [('acct_1TestAccountB0002') x 3],
+    'acct_B\'s three events reach the Connect endpoint');
+  is($on_b[0]{path}, '/hooks/connect', '... at its path');
+  my ($t, $v1) = ($on_b[0]{headers}{'stripe-signature'} // '') =~ /^t=(\d+),v1=([0-9a-f]{64})$/;
+  is($v1, Digest::SHA::hmac_sha256_hex("$t.$on_b[0]{body}", $connect_secret), '... signed with the Connect endpoint\'s secret');
+  post_intent(undef, 'hooks-account', 'metadata[billguard_key]' => 'hooks-account');
+  my $platform = StripeEmulatorHarness::next_webhook_delivery($listener);
+  ok($platform && !exists $platform->{event}{account}, 'the platform\'s events still reach the account endpoint');
+  ($t, $v1) = ($platform->{headers}{'stripe-signature'} // '') =~ /^t=(\d+),v1=([0-9a-f]{64})$/;
+  is($v1, Digest::SHA::hmac_sha256_hex("$t.$platform->{body}", $secret), '... signed with its own secret');
+  StripeEmulatorHarness::next_webhook_delivery($listener) for 1 .. 2;
+  my @endpoints = map { $_->{endpoint} } @{ $emulator->control(GET => '/_emulator/webhooks')->{json}{deliveries} };
+  is(join(' ', @endpoints[-6 .. -1]), 'connect connect connect account account account', 'each delivery names its endpoint');
+  is($emulator->control(POST => '/_emulator/webhooks', { connect_url => $connect_url, connect_secret => '' })->{status}, 400,
+    'a Connect endpoint without a secret: 400');
 };
 
 $emulator->stop;

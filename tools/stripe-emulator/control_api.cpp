@@ -289,13 +289,17 @@ ApiResponse ControlApi::config() const {
 
 ApiResponse ControlApi::update_webhooks(const std::string& body) {
   std::string error;
-  const auto object = parse_object_body(
-      body, {"url", "secret", "hold", "duplicate", "delay_ms", "retry_ms"}, error);
+  const auto object = parse_object_body(body,
+                                        {"url", "secret", "connect_url", "connect_secret", "hold",
+                                         "duplicate", "delay_ms", "retry_ms"},
+                                        error);
   if (!object) return control_error(400, error);
-  std::optional<std::string> url, secret;
+  std::optional<std::string> url, secret, connect_url, connect_secret;
   std::optional<bool> hold;
   std::optional<std::int64_t> duplicate, delay_ms, retry_ms;
   if (!read_string(*object, "url", url, error) || !read_string(*object, "secret", secret, error) ||
+      !read_string(*object, "connect_url", connect_url, error) ||
+      !read_string(*object, "connect_secret", connect_secret, error) ||
       !read_boolean(*object, "hold", hold, error) ||
       !read_integer(*object, "duplicate", 0, 100, duplicate, error) ||
       !read_integer(*object, "delay_ms", 0, 600000, delay_ms, error) ||
@@ -305,6 +309,8 @@ ApiResponse ControlApi::update_webhooks(const std::string& body) {
   WebhookSettings settings = state_.webhooks.settings();
   if (url) settings.url = *url;
   if (secret) settings.secret = *secret;
+  if (connect_url) settings.connect_url = *connect_url;
+  if (connect_secret) settings.connect_secret = *connect_secret;
   if (hold) settings.hold = *hold;
   if (duplicate) settings.duplicate = *duplicate;
   if (delay_ms) settings.delay_ms = *delay_ms;

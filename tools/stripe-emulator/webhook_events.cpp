@@ -13,6 +13,7 @@ WebhookEvent make_event(const std::string& type, const StripeObject& object) {
   event.id = new_object_id("evt");
   event.type = type;
   event.object_id = object.id;
+  event.connect = object.account.has_value();
   JsonWriter json;
   json.begin_object().key("id").string(event.id).key("object").string("event");
   // A connected account's event, as a Connect endpoint receives it.
