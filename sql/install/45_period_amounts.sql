@@ -47,3 +47,9 @@ CREATE TRIGGER period_amounts_keep_rows BEFORE TRUNCATE ON billguard.period_amou
 ALTER TABLE billguard.period_amounts ENABLE ALWAYS TRIGGER period_amounts_frozen;
 ALTER TABLE billguard.period_amounts ENABLE ALWAYS TRIGGER period_amounts_updated_at;
 ALTER TABLE billguard.period_amounts ENABLE ALWAYS TRIGGER period_amounts_keep_rows;
+
+-- What a claim charges.
+\ir ../udfs/is_below_minimum/latest.sql
+\ir ../udfs/below_minimum_event/latest.sql
+\ir ../udfs/check_claim_isolation/latest.sql
+\ir ../udfs/period_charge/latest.sql

@@ -59,7 +59,8 @@ TO billing_accounts;
 -- Operators: the dispatcher's and the scheduler's state (the views call
 -- dispatcher_state() and scheduler_state(), which PostgreSQL checks against
 -- the caller), the due periods never billed, requeueing, resolving and
--- cancelling records, and adopting a restored or copied database.
+-- cancelling records and claiming cancelled ones again, and adopting a
+-- restored or copied database.
 GRANT USAGE ON SCHEMA billguard TO billing_ops;
 GRANT SELECT ON billguard.dispatch_status, billguard.scheduler_status TO billing_ops;
 GRANT EXECUTE ON FUNCTION
@@ -70,6 +71,7 @@ GRANT EXECUTE ON FUNCTION
   billguard.retry_period(text, text),
   billguard.resolve_record(text, text, text),
   billguard.cancel_record(text, text),
+  billguard.reclaim_record(text, text),
   billguard.adopt_database()
 TO billing_ops;
 
@@ -118,7 +120,7 @@ SELECT is((SELECT count(*) FROM billguard.billing_records WHERE customer_id LIKE
 SET LOCAL ROLE billing_app;
 SELECT is(current_user::text, 'billing_app', 'running as billing_app');
 SELECT results_eq($$SELECT * FROM billguard.bill_period('2034-01')$$,
-                  $$VALUES ('2034-01'::text, 2::bigint, 0::bigint, 0::bigint, 0::bigint, 0::bigint)$$,
+                  $$VALUES ('2034-01'::text, 2::bigint, 0::bigint, 0::bigint, 0::bigint, 0::bigint, 0::bigint)$$,
                   'billing_app: bill_period works (2 initiated)');
 SELECT results_eq($$SELECT * FROM billguard.bill_customer('t09_carol', '2034-01', 'req-app')$$,
                   $$SELECT 'in_progress'::text, billguard.idempotency_key('t09_carol', '2034-01'), NULL::text$$,

@@ -58,7 +58,8 @@ BEGIN
            request_body = coalesce(r.request_body,
              billguard.charge_request_body(endpoint, r.idempotency_key, r.customer_id,
                                            r.billing_period, r.amount_cents, r.currency,
-                                           r.stripe_customer, r.payment_method))
+                                           r.stripe_customer, r.payment_method, r.description,
+                                           r.metadata, r.application_fee_cents))
       FROM due
      WHERE r.idempotency_key = due.idempotency_key
     RETURNING r.idempotency_key, r.attempts, r.customer_id, r.billing_period,
