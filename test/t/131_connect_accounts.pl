@@ -5,8 +5,8 @@
 # (acct_131A) and cust_conn_b (acct_131B): customer_id is the accounts'
 # primary key and one of a key's three parts, so three keys.
 #   - one period billed: three charges at the emulator, each on its own
-#     account, none twice, each record completed with its own account's
-#     charge;
+#     account, none twice, acct_131A's with its application fee, each
+#     record completed with its own account's charge;
 #   - kill -9 of the dispatcher while the three charges are in flight: each
 #     is re-sent with its key on its account only (one object per key, on
 #     the record's account), and completes as a replay;
@@ -48,10 +48,13 @@ my $node = BillguardNode->dispatching('connect_accounts', $emulator,
 my %account_of = (cust_platform => undef, cust_conn_a => 'acct_131A', cust_conn_b => 'acct_131B');
 my @customers = sort keys %account_of;
 $node->q1(q{
-	INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method, stripe_account)
-	VALUES ('cust_platform', 'cus_same', 2000, 'usd', 'pm_card_visa', NULL),
-	       ('cust_conn_a', 'cus_same', 2000, 'usd', 'pm_card_visa', 'acct_131A'),
-	       ('cust_conn_b', 'cus_same', 2000, 'usd', 'pm_card_visa', 'acct_131B')});
+	INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method, stripe_account,
+	                                application_fee_cents)
+	VALUES ('cust_platform', 'cus_same', 2000, 'usd', 'pm_card_visa', NULL, NULL),
+	       ('cust_conn_a', 'cus_same', 2000, 'usd', 'pm_card_visa', 'acct_131A', 150),
+	       ('cust_conn_b', 'cus_same', 2000, 'usd', 'pm_card_visa', 'acct_131B', NULL)});
+# The platform's fee on each charge of acct_131A; none on acct_131B's.
+my %fee_of = (cust_platform => undef, cust_conn_a => 150, cust_conn_b => undef);
 
 sub shown { my ($account) = @_; return $account // 'the platform' }
 
@@ -68,6 +71,8 @@ sub charged_once_on_own_account {
 		is(shown($objects[0]{account}), shown($account_of{$customer}), "$label: $customer: ... on its own account");
 		is($objects[0]{status}, 'succeeded', "$label: $customer: ... succeeded");
 		is($objects[0]{customer}, 'cus_same', "$label: $customer: ... of cus_same");
+		is($objects[0]{application_fee_amount}, $fee_of{$customer},
+			"$label: $customer: ... application_fee_amount " . ($fee_of{$customer} // 'none'));
 		is($node->record_of($customer, $period) =~ s/\|\d+$//r, "completed|$objects[0]{id}",
 			"$label: $customer: the record is completed with that charge");
 	}
