@@ -301,8 +301,7 @@ Outcome JudgeCharge(ChargeAnswer& answer, int attempt, int max_attempts,
   // sending again could only be refused again, or pass a raised cap later
   // by a person's decision (retry_record), never by a retry loop.
   if ((status == 429 && answer.error_code == kSpendCapExceeded) ||
-      (status == 403 && answer.error_code == kCurrencyNotAllowed) ||
-      (status == 403 && answer.error_code == kStripeAccountNotAllowed)) {
+      (status == 403 && answer.error_code == kCurrencyNotAllowed)) {
     return Outcome::kBlocked;
   }
   // Nothing was sent upstream either, but the proxy's answer may change in

@@ -37,9 +37,6 @@ enum class Outcome {
 // currency). Stripe's own 429s carry rate_limit or lock_timeout.
 inline constexpr const char* kSpendCapExceeded = "spend_cap_exceeded";
 inline constexpr const char* kCurrencyNotAllowed = "currency_not_allowed";
-// The proxy's 403 for a Stripe-Account the key's budget does not name: the
-// connected account is outside the cap, and only a person can widen it.
-inline constexpr const char* kStripeAccountNotAllowed = "stripe_account_not_allowed";
 // The proxy's throttles: a 429 spend_cap_pending (the budget's room is
 // held by charges still in flight or of unknown outcome, which may give it
 // back) and a 409 reservation_reconciling (the key is still reserved past

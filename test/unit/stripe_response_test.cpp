@@ -68,10 +68,6 @@ void TruthTable() {
     answer = billguard::ReadChargeAnswer(Answer(403, no_permission));
     Is(billguard::OutcomeName(billguard::JudgeCharge(answer, 1, 10, true)), "paused",
        "a restricted key without a permission, on a connected account: paused (the key's)");
-    answer = billguard::ReadChargeAnswer(
-        Answer(403, Error("invalid_request_error", "stripe_account_not_allowed")));
-    Is(billguard::OutcomeName(billguard::JudgeCharge(answer, 1, 10, true)), "blocked",
-       "the proxy's 403 stripe_account_not_allowed (outside the budget): blocked, nothing paused");
     answer = billguard::ReadChargeAnswer(Answer(401, no_access));
     Is(billguard::OutcomeName(billguard::JudgeCharge(answer, 1, 10, true)), "paused",
        "a 401 on a connected account: paused");
