@@ -102,22 +102,42 @@ std::string SearchPath(const std::string& endpoint, const std::string& idempoten
 
 namespace {
 
-HttpRequest RequestTo(const StripeAccount& account, const std::string& path, std::uint64_t tag) {
+HttpRequest RequestTo(const StripeAccount& account, const std::string& path,
+                      const std::string& connected_account, std::uint64_t tag) {
   HttpRequest request;
   request.tag = tag;
   request.url = account.api_base + path;
   request.headers = {"Authorization: Bearer " + account.api_key,
                      "Stripe-Version: " + account.stripe_version,
                      "User-Agent: " + account.user_agent};
+  if (!connected_account.empty()) {
+    // Checked here too, not only by the table's constraint: the value
+    // becomes a header line, and a wrong one must fail rather than go out.
+    if (!IsConnectedAccountId(connected_account)) {
+      throw InvalidParameter("a connected account must be acct_ and letters or digits");
+    }
+    request.headers.push_back("Stripe-Account: " + connected_account);
+  }
   return request;
 }
 
 }  // namespace
 
+bool IsConnectedAccountId(const std::string& id) {
+  static const std::string kPrefix = "acct_";
+  if (id.size() <= kPrefix.size() || id.size() > kPrefix.size() + 250) return false;
+  if (id.compare(0, kPrefix.size(), kPrefix) != 0) return false;
+  for (std::size_t i = kPrefix.size(); i < id.size(); ++i) {
+    const char c = id[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'))) return false;
+  }
+  return true;
+}
+
 HttpRequest ChargeRequest(const StripeAccount& account, const std::string& endpoint,
                           const std::string& body, const std::string& idempotency_key,
-                          std::uint64_t tag) {
-  HttpRequest request = RequestTo(account, endpoint, tag);
+                          const std::string& connected_account, std::uint64_t tag) {
+  HttpRequest request = RequestTo(account, endpoint, connected_account, tag);
   request.post = true;
   request.body = body;
   request.headers.push_back("Idempotency-Key: " + idempotency_key);
@@ -126,8 +146,10 @@ HttpRequest ChargeRequest(const StripeAccount& account, const std::string& endpo
 }
 
 HttpRequest SearchRequest(const StripeAccount& account, const std::string& endpoint,
-                          const std::string& idempotency_key, std::uint64_t tag) {
-  HttpRequest request = RequestTo(account, SearchPath(endpoint, idempotency_key), tag);
+                          const std::string& idempotency_key, const std::string& connected_account,
+                          std::uint64_t tag) {
+  HttpRequest request =
+      RequestTo(account, SearchPath(endpoint, idempotency_key), connected_account, tag);
   request.post = false;
   return request;
 }

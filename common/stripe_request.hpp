@@ -67,12 +67,23 @@ struct StripeAccount {
 };
 
 // The charge of a record: POST of its stored body to its stored endpoint
-// with its key. Every attempt passes the same endpoint and body.
+// with its key. Every attempt passes the same endpoint, body and connected
+// account: `connected_account` (acct_..., frozen with the record at its
+// first claim) goes in Stripe-Account, none when empty (the platform's own
+// account). Stripe keeps idempotency keys per account, so a record re-sent
+// on another account would be a second charge. A value not of Stripe's
+// acct_ shape is refused (InvalidParameter), never sent.
 HttpRequest ChargeRequest(const StripeAccount& account, const std::string& endpoint,
                           const std::string& body, const std::string& idempotency_key,
-                          std::uint64_t tag);
-// The search for a record's charge at the endpoint its charge was sent to.
+                          const std::string& connected_account, std::uint64_t tag);
+// The search for a record's charge at the endpoint its charge was sent to,
+// on the account it was sent to: a search sees that account's objects only.
 HttpRequest SearchRequest(const StripeAccount& account, const std::string& endpoint,
-                          const std::string& idempotency_key, std::uint64_t tag);
+                          const std::string& idempotency_key, const std::string& connected_account,
+                          std::uint64_t tag);
+
+// Whether `id` is a connected account id as Stripe writes them: acct_ and
+// 1 to 250 letters and digits.
+bool IsConnectedAccountId(const std::string& id);
 
 }  // namespace billguard

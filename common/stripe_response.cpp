@@ -278,7 +278,8 @@ ChargeAnswer ReadChargeAnswer(const HttpResponse& response) {
 // and indeterminate; 409, 429 and other 5xx are retried with the same key; other 4xx are
 // definitive. Only a 4xx or a decline proves the customer was not charged, so an indeterminate
 // answer past max_attempts needs review, never 'failed'.
-Outcome JudgeCharge(ChargeAnswer& answer, int attempt, int max_attempts) {
+Outcome JudgeCharge(ChargeAnswer& answer, int attempt, int max_attempts,
+                    bool on_connected_account) {
   const long status = answer.http_status;
   if (status == 0 && !answer.request_sent) return Outcome::kNotSent;
   if (IsSuccess(status)) {
@@ -308,6 +309,15 @@ Outcome JudgeCharge(ChargeAnswer& answer, int attempt, int max_attempts) {
   if ((status == 429 && answer.error_code == kSpendCapPending) ||
       (status == 409 && answer.error_code == kReservationReconciling)) {
     return Outcome::kThrottled;
+  }
+  // A connected account the platform may no longer act on (its access
+  // revoked, an account Stripe does not know) refuses that account's
+  // charges only: they fail with Stripe's word, and every other account is
+  // still billed. A 403 is given before anything executes: nothing charged.
+  // Any other 403 (a restricted key without a permission) is the key's.
+  if (status == 403 && on_connected_account &&
+      answer.message.find(kNoAccessToAccount) != std::string::npos) {
+    return Outcome::kFailed;
   }
   if (status == 401 || status == 403) return Outcome::kPaused;
   if (answer.error_type == "idempotency_error" && answer.error_code != "idempotency_key_in_use")
@@ -350,8 +360,12 @@ SearchAnswer ReadSearchAnswer(const HttpResponse& response, std::string_view ide
 // tells nothing the record stays unknown. Finding nothing is what ends the
 // cycle of a 500 that created nothing: Stripe replays that 500 for the key
 // to every re-send, so after max_unknown_cycles only a person can settle it.
-Outcome JudgeSearch(SearchAnswer& answer, int unknown_cycles, int max_unknown_cycles) {
+Outcome JudgeSearch(SearchAnswer& answer, int unknown_cycles, int max_unknown_cycles,
+                    bool on_connected_account) {
   if (!answer.request_sent) return Outcome::kNotSent;
+  // A connected account that refuses the platform keeps its own records
+  // unknown (searched again later), never the whole dispatcher waiting.
+  if (answer.http_status == 403 && on_connected_account) return Outcome::kRetry;
   if (answer.http_status == 401 || answer.http_status == 403) return Outcome::kPaused;
   if (!answer.listed) return Outcome::kRetry;
   if (!answer.found_id.empty()) return Outcome::kCompleted;

@@ -73,8 +73,16 @@ ChargeAnswer ReadChargeAnswer(const HttpResponse& response);
 
 // What the answer of attempt `attempt` means. May set the error fields to
 // say why (a 2xx without an id, a PaymentIntent not charged, attempts
-// exhausted).
-Outcome JudgeCharge(ChargeAnswer& answer, int attempt, int max_attempts);
+// exhausted). `on_connected_account`: the request was sent with
+// Stripe-Account, so a 403 saying the key has no access to that account
+// fails the record instead of pausing the dispatcher.
+Outcome JudgeCharge(ChargeAnswer& answer, int attempt, int max_attempts,
+                    bool on_connected_account = false);
+
+// What Stripe's 403 says when the platform may not act on the connected
+// account a request names: "The provided key '...' does not have access to
+// account 'acct_...' (or that account does not exist)".
+inline constexpr const char* kNoAccessToAccount = "does not have access to account";
 
 // A charged object a search found carrying the record's key. The key alone
 // proves nothing (another database billing with the same key namespace on
@@ -114,7 +122,10 @@ SearchAnswer ReadSearchAnswer(const HttpResponse& response, std::string_view ide
 // indeterminate answers (cached 500s) so far: found nothing after
 // max_unknown_cycles of them, it needs review (the message says why), as
 // re-sending only gets the cached 500 replayed.
-Outcome JudgeSearch(SearchAnswer& answer, int unknown_cycles, int max_unknown_cycles);
+// A 403 of a search on a connected account (`on_connected_account`) is a
+// retry: that account's records stay unknown, the others are served.
+Outcome JudgeSearch(SearchAnswer& answer, int unknown_cycles, int max_unknown_cycles,
+                    bool on_connected_account = false);
 
 // At most max_bytes of text, with every byte outside printable ASCII
 // replaced by '?': safe in any database encoding, never a NUL.

@@ -90,14 +90,22 @@ std::string ExpectedSignatureHex(std::string_view secret, std::int64_t timestamp
 
 void VerifyStripeSignature(std::string_view payload, std::string_view header,
                            std::string_view secret, std::int64_t now_unix) {
+  VerifyStripeSignature(payload, header, std::vector<std::string>{std::string(secret)}, now_unix);
+}
+
+void VerifyStripeSignature(std::string_view payload, std::string_view header,
+                           const std::vector<std::string>& secrets, std::int64_t now_unix) {
   const SignatureHeader parsed = ParseHeader(header);
-  const std::string expected = ExpectedSignatureHex(secret, parsed.timestamp, payload);
   bool matched = false;
-  // Every candidate is compared, in constant time, whatever matched before.
-  for (const std::string_view candidate : parsed.v1) {
-    if (candidate.size() == kSignatureHexLength &&
-        CRYPTO_memcmp(candidate.data(), expected.data(), kSignatureHexLength) == 0) {
-      matched = true;
+  // Every candidate is compared with every secret, in constant time,
+  // whatever matched before.
+  for (const std::string& secret : secrets) {
+    const std::string expected = ExpectedSignatureHex(secret, parsed.timestamp, payload);
+    for (const std::string_view candidate : parsed.v1) {
+      if (candidate.size() == kSignatureHexLength &&
+          CRYPTO_memcmp(candidate.data(), expected.data(), kSignatureHexLength) == 0) {
+        matched = true;
+      }
     }
   }
   if (!matched) {

@@ -11,7 +11,9 @@
 #include "cpp_only.hpp"
 
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace billguard {
 
@@ -21,9 +23,13 @@ constexpr std::int64_t kSignatureToleranceSeconds = 300;
 
 // Throws InvalidParameter saying what is wrong (a malformed header, no
 // matching signature, a timestamp outside the tolerance) unless `header`
-// carries a v1 signature of `payload` made with `secret` within the
-// tolerance of `now_unix`. Signatures are compared in constant time; no
-// message holds the secret or the signature expected.
+// carries a v1 signature of `payload` made with one of `secrets` (the
+// secret of each endpoint the database hears: an account endpoint and a
+// Connect endpoint have their own) within the tolerance of `now_unix`.
+// Signatures are compared in constant time, each with every secret; no
+// message holds a secret or the signature expected.
+void VerifyStripeSignature(std::string_view payload, std::string_view header,
+                           const std::vector<std::string>& secrets, std::int64_t now_unix);
 void VerifyStripeSignature(std::string_view payload, std::string_view header,
                            std::string_view secret, std::int64_t now_unix);
 

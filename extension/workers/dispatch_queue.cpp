@@ -37,7 +37,7 @@ std::vector<ClaimedRecord> ClaimDueRecords(int max_rows) {
   const int lease_seconds = settings::request_timeout_ms / 1000 * 2 + 30;
   auto rows = ExecuteInTransaction(
       "SELECT idempotency_key, attempt, action, customer_id, billing_period, stripe_endpoint, "
-      "request_body, unknown_cycles "
+      "request_body, unknown_cycles, stripe_account "
       "FROM billguard.claim_due_records($1::int, $2::interval, $3::interval, $4)",
       {std::to_string(max_rows), Seconds(lease_seconds), Seconds(settings::idempotency_window_s),
        std::string(settings::stripe_endpoint)});
@@ -53,6 +53,7 @@ std::vector<ClaimedRecord> ClaimDueRecords(int max_rows) {
     c.endpoint = row[5].value_or("");
     c.body = row[6].value_or("");
     c.unknown_cycles = std::stoi(row[7].value_or("0"));
+    c.stripe_account = row[8].value_or("");  // NULL: the platform's own account
     claimed.push_back(std::move(c));
   }
   return claimed;

@@ -9,14 +9,17 @@
 
 namespace billguard {
 
-// A claimed record and the request it sends: the endpoint and body stored
-// with it by its first claim.
+// A claimed record and the request it sends: the endpoint, body and
+// connected account stored with it by its first claim.
 struct ClaimedRecord {
   std::string idempotency_key;
   std::string customer_id;
   std::string billing_period;
   std::string endpoint;
   std::string body;
+  // The connected account (acct_...) its charge is made on, frozen at its
+  // first claim; empty for the platform's own account.
+  std::string stripe_account;
   int attempt = 0;
   bool search_first = false;  // reconcile before (re-)sending
   int unknown_cycles = 0;     // indeterminate answers so far (see JudgeSearch)

@@ -352,9 +352,10 @@ class Dispatcher {
     const std::uint64_t tag = next_tag_++;
     const bool search = records_.ready()[index].claimed.search_first;
     const ClaimedRecord& claimed = records_.Sent(index, tag, search, key.key_id).claimed;
-    http_.Submit(search ? SearchRequest(account, claimed.endpoint, claimed.idempotency_key, tag)
+    http_.Submit(search ? SearchRequest(account, claimed.endpoint, claimed.idempotency_key,
+                                        claimed.stripe_account, tag)
                         : ChargeRequest(account, claimed.endpoint, claimed.body,
-                                        claimed.idempotency_key, tag));
+                                        claimed.idempotency_key, claimed.stripe_account, tag));
     ++sent_;
   }
 
@@ -417,13 +418,15 @@ class Dispatcher {
     JudgedAnswer judged;
     judged.claimed = &answered.claimed;
     judged.search = answered.searching;
+    const bool on_connected_account = !answered.claimed.stripe_account.empty();
     if (judged.search) {
       judged.found = ReadSearchAnswer(answered.response, answered.claimed.idempotency_key);
-      judged.outcome =
-          JudgeSearch(judged.found, answered.claimed.unknown_cycles, settings::max_unknown_cycles);
+      judged.outcome = JudgeSearch(judged.found, answered.claimed.unknown_cycles,
+                                   settings::max_unknown_cycles, on_connected_account);
     } else {
       judged.charge = ReadChargeAnswer(answered.response);
-      judged.outcome = JudgeCharge(judged.charge, answered.claimed.attempt, settings::max_attempts);
+      judged.outcome = JudgeCharge(judged.charge, answered.claimed.attempt, settings::max_attempts,
+                                   on_connected_account);
     }
     return judged;
   }

@@ -25,7 +25,8 @@
 --   other_charge  a success or refund of another charge than the completed
 --                 record's: a second charge with one key, for a person
 --   mismatch      the object's amount, currency or Stripe customer differ
---                 from the record's, or the event is a connected account's
+--                 from the record's, or the event's account (`account`;
+--                 none: the platform's) is not the record's stripe_account
 -- The payload itself is not kept (a PaymentIntent carries its client_secret).
 CREATE TABLE billguard.stripe_events (
   event_id              text NOT NULL,

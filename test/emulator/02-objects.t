@@ -34,8 +34,8 @@ subtest 'confirmed PaymentIntent succeeds and is in the ledger' => sub {
   my $ledger = $emulator->ledger;
   is(scalar @$ledger, 1, 'one ledger entry');
   is_deeply($ledger->[0], {
-    id => $intent->{id}, object => 'payment_intent', amount => 1999, currency => 'usd',
-    customer => 'cus_harness', status => 'succeeded', metadata => {billguard_key => 'period-1'},
+    id => $intent->{id}, object => 'payment_intent', account => undef, amount => 1999,
+    application_fee_amount => undef, currency => 'usd', customer => 'cus_harness', status => 'succeeded', metadata => {billguard_key => 'period-1'},
     created => $intent->{created}, idempotency_key => 'happy-1',
     automatic_payment_methods => undef, payment_method_types => ['card'],
   }, 'ledger entry fields (how it may be paid: the default of API versions before 2023-08-16)');

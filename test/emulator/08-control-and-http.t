@@ -47,7 +47,8 @@ subtest 'reset forgets the ledger, keys, faults and stats' => sub {
 
 subtest 'config' => sub {
   my $config = $emulator->control(GET => '/_emulator/config')->{json};
-  is_deeply($config, {latency_ms => 0, rate_limit => 0, search_delay_ms => 0, idempotency_ttl => 86400},
+  is_deeply($config, {latency_ms => 0, rate_limit => 0, search_delay_ms => 0, idempotency_ttl => 86400,
+    refused_accounts => []},
     'GET shows the start-up values');
   my $updated = $emulator->configure(latency_ms => 150, search_delay_ms => 10);
   is($updated->{status}, 200, 'POST: 200');

@@ -7,44 +7,16 @@ use warnings;
 use FindBin;
 use lib "$FindBin::Bin/lib";
 use IO::Select;
-use IO::Socket::INET;
 use JSON::PP;
 use Test::More;
 use StripeEmulatorHarness;
 
 my $secret = 'whsec_emulatorTest0123456789abcdef';
-my $listener = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0, Listen => 16, ReuseAddr => 1)
-  or die "listen: $!";
-my $hook_url = 'http://127.0.0.1:' . $listener->sockport . '/hooks/stripe';
+my ($listener, $hook_url) = StripeEmulatorHarness::webhook_listener();
 my $emulator = StripeEmulatorHarness->start(args => [ '--webhook-url', $hook_url, '--webhook-secret', $secret ]);
 sub intent_params { StripeEmulatorHarness::payment_intent_params(@_) }
 
-# Accepts the next delivery, answers it with $status; returns {path, headers, body, event}.
-sub next_delivery {
-  my ($status) = @_;
-  IO::Select->new($listener)->can_read(20) or return undef;
-  my $client = $listener->accept or return undef;
-  my $buffer = '';
-  my ($head, $length);
-  while (1) {
-    IO::Select->new($client)->can_read(10) or return undef;
-    sysread($client, $buffer, 65536, length $buffer) or last;
-    if (!defined $head && (my $end = index($buffer, "\r\n\r\n")) >= 0) {
-      $head = substr($buffer, 0, $end);
-      $buffer = substr($buffer, $end + 4);
-      ($length) = $head =~ /^Content-Length: (\d+)/mi;
-    }
-    last if defined $head && length($buffer) >= $length;
-  }
-  my ($request_line, @lines) = split /\r\n/, $head;
-  my %headers = map { my ($n, $v) = /^([^:]+):\s*(.*)$/; (lc $n => $v) } @lines;
-  my $answer = $status // 200;
-  syswrite($client, "HTTP/1.1 $answer X\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}");
-  close $client;
-  my ($path) = $request_line =~ m{^POST (\S+) HTTP/1\.1$};
-  return { path => $path, headers => \%headers, body => $buffer, event => decode_json($buffer) };
-}
-
+sub next_delivery { return StripeEmulatorHarness::next_webhook_delivery($listener, @_) }
 sub deliveries { my (@statuses) = @_; return map { next_delivery($_) } @statuses }
 sub webhooks_pending { return $emulator->control(GET => '/_emulator/webhooks')->{json}{pending} }
 sub types { return join(' ', map { $_ ? $_->{event}{type} : 'none' } @_) }

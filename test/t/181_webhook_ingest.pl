@@ -202,8 +202,9 @@ like(slurp_file($node->logfile), qr/changed nothing: the event is about 1008 usd
 	'... logged for a person, naming both customers');
 is(deliver(event('charge.succeeded', 8, customer => undef)), 'mismatch', 'a Charge of no customer: mismatch');
 my $connected = event('payment_intent.succeeded', 8) =~ s/^\{/{"account":"acct_181connected",/r;
-is(deliver($connected), 'mismatch', 'an event of a connected account (Connect), about the record\'s own customer: mismatch');
-like(slurp_file($node->logfile), qr/changed nothing: the event comes from connected account acct_181connected, not from this Stripe account/,
+is(deliver($connected), 'mismatch',
+	'an event of a connected account (Connect) about a platform record, its own customer and key: mismatch');
+like(slurp_file($node->logfile), qr/changed nothing: the event comes from connected account acct_181connected, the record's charge is made on the platform's own account/,
 	'... saying so');
 is(record(8), 'pending||1', 'the record billguard has not charged is still pending: its customer is billed');
 

@@ -10,7 +10,10 @@
 #   - a refund in "Stripe's dashboard" after completion: recorded, partly
 #     then fully, the record stays completed;
 #   - kill -9 of the proxy with deliveries pending: the emulator retries
-#     until the restarted proxy answers, and each event is applied once.
+#     until the restarted proxy answers, and each event is applied once;
+#   - a connected account's record behind a 500: its events come from the
+#     emulator's Connect endpoint, signed with that endpoint's own secret
+#     (both secrets in billguard.webhook_secret_file), and complete it.
 use strict;
 use warnings;
 use File::Temp qw(tempdir);
@@ -138,9 +141,32 @@ is($node->record_of('cust_000003', '2026-08'), "completed|$charge3->[0]{id}|1",
 	'the record is completed with the emulator\'s charge');
 is(effects('cust_000003'), 'payment_intent.succeeded=completed charge.succeeded=confirmed', 'each event applied once');
 
+# ---- a connected account's record, resolved by its Connect endpoint's webhook -------------
+
+# The platform's Connect endpoint has its own secret: both in the one file.
+my $connect_secret = 'whsec_183connectEndpointAbcdefgh012';
+write_secret_file($secret_file, "$secret\n$connect_secret\n");
+$node->q1(q{INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method, stripe_account)
+            VALUES ('cust_connect', 'cus_000001', 1500, 'usd', 'pm_card_visa', 'acct_183Connected')});
+$emulator->control(POST => '/_emulator/webhooks',
+	{ connect_url => $proxy->url('/webhooks/stripe'), connect_secret => $connect_secret, hold => JSON::PP::true });
+$emulator->add_fault(kind => 'status', status => 500, count => 1);
+is($node->bill('cust_connect', '2026-08'), 'initiated', 'cust_connect (on acct_183Connected) billed behind a 500');
+ok(wait_until('the record to be unknown', 30, sub { $node->status_of('cust_connect', '2026-08') eq 'unknown' }),
+	'unknown, its webhooks held');
+my $connect_charge = succeeded_for_key($emulator, $node->key_of('cust_connect', '2026-08'));
+is(join(',', map { $_->{account} } @$connect_charge), 'acct_183Connected', 'its one charge is on acct_183Connected');
+hold(0);
+ok(all_delivered('the Connect endpoint\'s webhooks'), 'released: delivered from the Connect endpoint');
+is(join(' ', map { $_->{endpoint} } grep { $_->{object_id} eq $connect_charge->[0]{id} } @{ webhooks()->{deliveries} }),
+	'connect connect', 'the PaymentIntent\'s events came from the Connect endpoint, signed with its secret');
+is($node->record_of('cust_connect', '2026-08'), "completed|$connect_charge->[0]{id}|1",
+	'the event of acct_183Connected completed the record of acct_183Connected');
+is(effects('cust_connect'), 'payment_intent.succeeded=completed charge.succeeded=confirmed', 'each applied once');
+
 my $by_key = charges_by_key($emulator);
 is(scalar(grep { @{ $by_key->{$_} } != 1 } keys %$by_key), 0, 'exactly one charge per key at the emulator');
-unlike($proxy->log_text, qr/\Q$secret\E/, 'the webhook secret never reached the proxy');
+unlike($proxy->log_text, qr/\Q$secret\E|\Q$connect_secret\E/, 'no webhook secret ever reached the proxy');
 
 $node->stop;
 done_testing();

@@ -95,6 +95,48 @@ int main() {
      "/v1/payment_intents/search?query=metadata%5B%27billguard_key%27%5D%3A%27abc%27",
      "search path");
 
+  // Stripe-Account: on the record's connected account, or none for the platform.
+  const billguard::StripeAccount as_platform{"http://stripe", "sk_test_x", "2024-06-20", "ua"};
+  const auto has_header = [](const billguard::HttpRequest& request, const std::string& line) {
+    for (const std::string& header : request.headers) {
+      if (header == line) return true;
+    }
+    return false;
+  };
+  const auto names_an_account = [](const billguard::HttpRequest& request) {
+    for (const std::string& header : request.headers) {
+      if (header.compare(0, 15, "Stripe-Account:") == 0) return true;
+    }
+    return false;
+  };
+  const auto on_a = billguard::ChargeRequest(as_platform, "/v1/payment_intents", "amount=1", "k1",
+                                             "acct_1Connected0001", 7);
+  Ok(has_header(on_a, "Stripe-Account: acct_1Connected0001") &&
+         has_header(on_a, "Idempotency-Key: k1"),
+     "a connected account's charge carries Stripe-Account and its key");
+  Ok(has_header(billguard::SearchRequest(as_platform, "/v1/payment_intents", "k1",
+                                         "acct_1Connected0001", 8),
+                "Stripe-Account: acct_1Connected0001"),
+     "... and so does its search");
+  Ok(!names_an_account(
+         billguard::ChargeRequest(as_platform, "/v1/payment_intents", "amount=1", "k1", "", 9)) &&
+         !names_an_account(
+             billguard::SearchRequest(as_platform, "/v1/payment_intents", "k1", "", 10)),
+     "the platform's charge and search carry no Stripe-Account");
+  for (const std::string bad : {"acct_", "cus_123", "acct_1\r\nX-Injected: 1", "acct_a b"}) {
+    bool refused = false;
+    try {
+      billguard::ChargeRequest(as_platform, "/v1/payment_intents", "amount=1", "k1", bad, 11);
+    } catch (const std::invalid_argument&) {
+      refused = true;
+    }
+    Ok(refused, "a connected account of a bad shape is refused, never sent (" +
+                    std::to_string(bad.size()) + " bytes)");
+  }
+  Ok(billguard::IsConnectedAccountId("acct_1032D82eZvKYlo2C") &&
+         !billguard::IsConnectedAccountId("acct_" + std::string(251, 'a')),
+     "acct_ ids: Stripe's shape, at most 255 characters");
+
   using Clock = billguard::RatePacer::Clock;
   billguard::RatePacer pacer(100);
   const auto t0 = Clock::now();

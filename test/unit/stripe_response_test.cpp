@@ -51,6 +51,27 @@ void TruthTable() {
      "2xx without an id: needs_review");
   Is(Judged(401, Error("invalid_request_error")), "paused", "401: paused");
   Is(Judged(403, Error("invalid_request_error")), "paused", "403: paused");
+  {
+    // Stripe's 403 for a connected account the platform may not act on.
+    const std::string no_access =
+        R"({"error":{"type":"invalid_request_error","message":"The provided key 'sk_test_****abcd')"
+        R"( does not have access to account 'acct_1Gone' (or that account does not exist)."}})";
+    const std::string no_permission =
+        R"({"error":{"type":"invalid_request_error","message":"The provided key 'rk_test_****abcd')"
+        R"( does not have the required permissions for this endpoint on account 'acct_1A'."}})";
+    billguard::ChargeAnswer answer = billguard::ReadChargeAnswer(Answer(403, no_access));
+    Is(billguard::OutcomeName(billguard::JudgeCharge(answer, 1, 10, true)), "failed",
+       "403 no access to the connected account a record charges on: failed, nothing paused");
+    answer = billguard::ReadChargeAnswer(Answer(403, no_access));
+    Is(billguard::OutcomeName(billguard::JudgeCharge(answer, 1, 10, false)), "paused",
+       "... the same 403 of a platform record: paused");
+    answer = billguard::ReadChargeAnswer(Answer(403, no_permission));
+    Is(billguard::OutcomeName(billguard::JudgeCharge(answer, 1, 10, true)), "paused",
+       "a restricted key without a permission, on a connected account: paused (the key's)");
+    answer = billguard::ReadChargeAnswer(Answer(401, no_access));
+    Is(billguard::OutcomeName(billguard::JudgeCharge(answer, 1, 10, true)), "paused",
+       "a 401 on a connected account: paused");
+  }
   Is(Judged(401, Error("invalid_request_error"), "true"), "paused",
      "401 with Should-Retry: paused");
   Is(Judged(400, Error("idempotency_error")), "needs_review",
@@ -217,6 +238,12 @@ void Fields() {
   s = billguard::ReadSearchAnswer(Answer(401, ""), key);
   Is(billguard::OutcomeName(billguard::JudgeSearch(s, 0, 5)), "paused",
      "search answered 401: paused");
+  s = billguard::ReadSearchAnswer(Answer(403, ""), key);
+  Is(billguard::OutcomeName(billguard::JudgeSearch(s, 0, 5, true)), "retry",
+     "search on a connected account answered 403: retry, the record stays unknown");
+  s = billguard::ReadSearchAnswer(Answer(403, ""), key);
+  Is(billguard::OutcomeName(billguard::JudgeSearch(s, 0, 5, false)), "paused",
+     "... on the platform: paused");
 
   // A page of a list: where it ends, and every object carrying the key.
   s = search(R"({"object":"list","has_more":true,"data":[)"

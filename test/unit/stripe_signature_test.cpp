@@ -126,19 +126,53 @@ int main() {
           "a huge header is refused");
 
   // The secret file.
-  const auto loaded = billguard::LoadWebhookSecret(temp_files::Write(" " + kSecret + "\n", 0600));
-  tap::Is(loaded.secret, kSecret, "a whsec_ secret in a mode 600 file is loaded, trimmed");
+  const auto loaded = billguard::LoadWebhookSecrets(temp_files::Write(" " + kSecret + "\n", 0600));
+  tap::Ok(loaded.secrets == std::vector<std::string>{kSecret},
+          "a whsec_ secret in a mode 600 file is loaded, trimmed");
+  // An account endpoint's secret and a Connect endpoint's, one a line.
+  const auto two = billguard::LoadWebhookSecrets(
+      temp_files::Write(kSecret + "\nwhsec_connect_endpoint_01\n", 0600));
+  tap::Ok(two.secrets == std::vector<std::string>{kSecret, "whsec_connect_endpoint_01"},
+          "two secrets, one a line: both loaded");
+  bool verified_with_second = true;
+  try {
+    billguard::VerifyStripeSignature(kPayload, "t=1700000000,v1=" + kSignature,
+                                     std::vector<std::string>{"whsec_connect_endpoint_01", kSecret},
+                                     kSigned);
+  } catch (const std::exception&) {
+    verified_with_second = false;
+  }
+  tap::Ok(verified_with_second, "a delivery signed with either endpoint's secret is verified");
+  bool refused_with_neither = false;
+  try {
+    billguard::VerifyStripeSignature(kPayload, "t=1700000000,v1=" + kSignature,
+                                     std::vector<std::string>{"whsec_connect_endpoint_01"},
+                                     kSigned);
+  } catch (const std::invalid_argument&) {
+    refused_with_neither = true;
+  }
+  tap::Ok(refused_with_neither, "... and one signed with neither is refused");
+  const auto second_bad =
+      billguard::LoadWebhookSecrets(temp_files::Write(kSecret + "\nsk_test_abcdefghij\n", 0600));
+  tap::Is(second_bad.error,
+          "secret 2 of billguard.webhook_secret_file is not a webhook signing secret (whsec_...)",
+          "a second line that is not a secret is refused, saying which, without its content");
+  std::string nine;
+  for (int i = 0; i < 9; ++i) nine += "whsec_endpoint_000" + std::to_string(i) + "\n";
+  tap::Ok(billguard::LoadWebhookSecrets(temp_files::Write(nine, 0600)).error.find("more than 8") !=
+              std::string::npos,
+          "more than 8 secrets are refused");
   const std::string open_file = temp_files::Write(kSecret, 0644);
-  const auto world_readable = billguard::LoadWebhookSecret(open_file);
-  tap::Ok(world_readable.secret.empty() &&
+  const auto world_readable = billguard::LoadWebhookSecrets(open_file);
+  tap::Ok(world_readable.secrets.empty() &&
               world_readable.error.find("group or world access") != std::string::npos &&
               world_readable.error.find(open_file) == std::string::npos,
           "a world-readable secret file is refused, without its path in the message");
-  const auto api_key = billguard::LoadWebhookSecret(temp_files::Write("sk_test_abcdefghij", 0600));
+  const auto api_key = billguard::LoadWebhookSecrets(temp_files::Write("sk_test_abcdefghij", 0600));
   tap::Is(api_key.error,
           "billguard.webhook_secret_file does not hold a webhook signing secret (whsec_...)",
           "a file holding something else (an API key) is refused, without its content");
-  tap::Is(billguard::LoadWebhookSecret("").error, "billguard.webhook_secret_file is not set",
+  tap::Is(billguard::LoadWebhookSecrets("").error, "billguard.webhook_secret_file is not set",
           "an unset setting is refused");
 
   temp_files::RemoveAll();

@@ -236,8 +236,23 @@ ApiResponse ControlApi::reset() {
 ApiResponse ControlApi::update_config(const std::string& body) {
   std::string error;
   const auto object = parse_object_body(
-      body, {"latency_ms", "rate_limit", "search_delay_ms", "idempotency_ttl"}, error);
+      body, {"latency_ms", "rate_limit", "search_delay_ms", "idempotency_ttl", "refused_accounts"},
+      error);
   if (!object) return control_error(400, error);
+  std::optional<std::vector<std::string>> refused;
+  if (const JsonValue* listed = object->member("refused_accounts")) {
+    refused.emplace();
+    const bool array = listed->type == JsonValue::Type::array;
+    for (const JsonValue& item : array ? listed->array_items : std::vector<JsonValue>{}) {
+      if (item.type != JsonValue::Type::string || item.string_value.rfind("acct_", 0) != 0) {
+        refused.reset();
+        break;
+      }
+      refused->push_back(item.string_value);
+    }
+    if (!array || !refused)
+      return control_error(400, "refused_accounts must be a list of acct_ ids.");
+  }
   std::optional<std::int64_t> latency_ms, rate_limit, search_delay_ms, idempotency_ttl;
   // Validate everything before changing anything.
   if (!read_integer(*object, "latency_ms", 0, 600000, latency_ms, error) ||
@@ -250,6 +265,7 @@ ApiResponse ControlApi::update_config(const std::string& body) {
   if (rate_limit) state_.rate_limiter.set_limit(*rate_limit);
   if (search_delay_ms) state_.settings.search_delay_ms = *search_delay_ms;
   if (idempotency_ttl) state_.settings.idempotency_ttl_seconds = *idempotency_ttl;
+  if (refused) state_.refused_accounts.replace(std::move(*refused));
   return config();
 }
 
@@ -264,19 +280,26 @@ ApiResponse ControlApi::config() const {
       .integer(state_.settings.search_delay_ms.load())
       .key("idempotency_ttl")
       .integer(state_.settings.idempotency_ttl_seconds.load())
-      .end_object();
+      .key("refused_accounts")
+      .begin_array();
+  for (const std::string& account : state_.refused_accounts.list()) json.string(account);
+  json.end_array().end_object();
   return ok(json.take());
 }
 
 ApiResponse ControlApi::update_webhooks(const std::string& body) {
   std::string error;
-  const auto object = parse_object_body(
-      body, {"url", "secret", "hold", "duplicate", "delay_ms", "retry_ms"}, error);
+  const auto object = parse_object_body(body,
+                                        {"url", "secret", "connect_url", "connect_secret", "hold",
+                                         "duplicate", "delay_ms", "retry_ms"},
+                                        error);
   if (!object) return control_error(400, error);
-  std::optional<std::string> url, secret;
+  std::optional<std::string> url, secret, connect_url, connect_secret;
   std::optional<bool> hold;
   std::optional<std::int64_t> duplicate, delay_ms, retry_ms;
   if (!read_string(*object, "url", url, error) || !read_string(*object, "secret", secret, error) ||
+      !read_string(*object, "connect_url", connect_url, error) ||
+      !read_string(*object, "connect_secret", connect_secret, error) ||
       !read_boolean(*object, "hold", hold, error) ||
       !read_integer(*object, "duplicate", 0, 100, duplicate, error) ||
       !read_integer(*object, "delay_ms", 0, 600000, delay_ms, error) ||
@@ -286,6 +309,8 @@ ApiResponse ControlApi::update_webhooks(const std::string& body) {
   WebhookSettings settings = state_.webhooks.settings();
   if (url) settings.url = *url;
   if (secret) settings.secret = *secret;
+  if (connect_url) settings.connect_url = *connect_url;
+  if (connect_secret) settings.connect_secret = *connect_secret;
   if (hold) settings.hold = *hold;
   if (duplicate) settings.duplicate = *duplicate;
   if (delay_ms) settings.delay_ms = *delay_ms;

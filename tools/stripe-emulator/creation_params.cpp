@@ -32,11 +32,12 @@ const std::set<std::string>& allowed_scalar_params(ObjectKind kind) {
       "confirm",
       "off_session",
       "description",
+      "application_fee_amount",
       "return_url",
       "automatic_payment_methods[enabled]",
       "automatic_payment_methods[allow_redirects]"};
-  static const std::set<std::string> kCharge = {"amount", "currency", "customer", "source",
-                                                "description"};
+  static const std::set<std::string> kCharge = {"amount", "currency",    "customer",
+                                                "source", "description", "application_fee_amount"};
   return kind == ObjectKind::payment_intent ? kPaymentIntent : kCharge;
 }
 
@@ -177,6 +178,29 @@ std::optional<StripeError> read_amount_and_currency(
   return std::nullopt;
 }
 
+// A direct charge on a connected account may move part of it to the
+// platform; a request for the platform itself has no one to take it from.
+std::optional<StripeError> read_application_fee(const std::map<std::string, std::string>& scalars,
+                                                bool on_connected_account,
+                                                CreationRequest& request) {
+  const auto found = scalars.find("application_fee_amount");
+  if (found == scalars.end()) return std::nullopt;
+  if (found->second.empty()) return errors::empty_string_param("application_fee_amount");
+  const auto fee = parse_non_negative_integer(found->second);
+  if (!fee) return errors::invalid_integer("application_fee_amount", found->second);
+  if (!on_connected_account) {
+    return errors::application_fee_without_account(request.kind == ObjectKind::payment_intent);
+  }
+  if (*fee > request.amount) {
+    return errors::invalid_param("application_fee_amount",
+                                 "The application fee (" + found->second +
+                                     ") cannot be greater than the amount of the charge (" +
+                                     std::to_string(request.amount) + ").");
+  }
+  request.application_fee_amount = *fee;
+  return std::nullopt;
+}
+
 std::optional<StripeError> read_customer_and_source(
     const std::map<std::string, std::string>& scalars, CreationRequest& request) {
   const bool is_intent = request.kind == ObjectKind::payment_intent;
@@ -272,13 +296,16 @@ std::optional<StripeError> read_payment_method_choice(const SortedParams& sorted
 }  // namespace
 
 CreationValidation validate_creation(ObjectKind kind, const FormParams& params,
-                                     const std::string& api_version) {
+                                     const std::string& api_version, bool on_connected_account) {
   SortedParams sorted;
   if (auto error = sort_params(kind, params, sorted)) return *error;
 
   CreationRequest request;
   request.kind = kind;
   if (auto error = read_amount_and_currency(sorted.scalars, request)) return *error;
+  if (auto error = read_application_fee(sorted.scalars, on_connected_account, request)) {
+    return *error;
+  }
   if (auto error = read_customer_and_source(sorted.scalars, request)) return *error;
   if (auto error = read_boolean(sorted.scalars, "confirm", request.confirm)) return *error;
   if (auto error = read_boolean(sorted.scalars, "off_session", request.off_session)) return *error;

@@ -17,6 +17,7 @@ namespace stripe_emulator {
 
 struct CreationRequest {
   ObjectKind kind = ObjectKind::payment_intent;
+  std::optional<std::string> account;  // Stripe-Account; nullopt: the platform
   std::int64_t amount = 0;
   std::string currency;
   std::optional<std::string> customer;
@@ -24,6 +25,7 @@ struct CreationRequest {
   bool confirm = false;
   bool off_session = false;
   std::optional<std::string> description;
+  std::optional<std::int64_t> application_fee_amount;  // only on a connected account
   Metadata metadata;
   // PaymentIntents: how it may be paid (see read_payment_method_choice).
   bool automatic_payment_methods = false;
@@ -34,8 +36,9 @@ struct CreationRequest {
 
 using CreationValidation = std::variant<CreationRequest, StripeError>;
 
-// api_version: the request's Stripe-Version, or the account's default.
+// api_version: the request's Stripe-Version, or the account's default;
+// on_connected_account: the request names one in Stripe-Account.
 CreationValidation validate_creation(ObjectKind kind, const FormParams& params,
-                                     const std::string& api_version);
+                                     const std::string& api_version, bool on_connected_account);
 
 }  // namespace stripe_emulator

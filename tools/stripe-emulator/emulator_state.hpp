@@ -11,6 +11,7 @@
 #include "idempotency_store.hpp"
 #include "object_ledger.hpp"
 #include "rate_limiter.hpp"
+#include "refused_accounts.hpp"
 #include "stats.hpp"
 #include "webhook_sender.hpp"
 
@@ -32,6 +33,7 @@ struct EmulatorState {
   // The account's API version, for requests without Stripe-Version.
   std::string default_api_version = "2020-08-27";
   RuntimeSettings settings;
+  RefusedAccounts refused_accounts;
   RollingWindowRateLimiter rate_limiter;
   IdempotencyStore idempotency;
   FaultInjector faults;

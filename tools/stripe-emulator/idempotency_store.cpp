@@ -4,10 +4,10 @@
 
 namespace stripe_emulator {
 
-std::string IdempotencyStore::scoped_key(const std::string& api_key,
+std::string IdempotencyStore::scoped_key(const std::string& scope,
                                          const std::string& idempotency_key) {
   // A NUL cannot occur in an HTTP header value, so the pair is unambiguous.
-  std::string scoped = api_key;
+  std::string scoped = scope;
   scoped += '\0';
   scoped += idempotency_key;
   return scoped;
@@ -27,12 +27,12 @@ void IdempotencyStore::prune_expired(Clock::time_point now, std::chrono::seconds
   }
 }
 
-IdempotencyClaim IdempotencyStore::claim(const std::string& api_key,
+IdempotencyClaim IdempotencyStore::claim(const std::string& scope,
                                          const std::string& idempotency_key,
                                          const std::string& endpoint, FormParams params,
                                          Clock::time_point now, std::chrono::seconds ttl) {
   std::sort(params.begin(), params.end());
-  const std::string key = scoped_key(api_key, idempotency_key);
+  const std::string key = scoped_key(scope, idempotency_key);
   IdempotencyClaim claim;
 
   std::lock_guard<std::mutex> lock(mutex_);
@@ -71,20 +71,20 @@ IdempotencyClaim IdempotencyStore::claim(const std::string& api_key,
   return claim;
 }
 
-void IdempotencyStore::complete(const std::string& api_key, const std::string& idempotency_key,
+void IdempotencyStore::complete(const std::string& scope, const std::string& idempotency_key,
                                 std::uint64_t ticket, ApiResponse response) {
   std::lock_guard<std::mutex> lock(mutex_);
-  const auto found = entries_.find(scoped_key(api_key, idempotency_key));
+  const auto found = entries_.find(scoped_key(scope, idempotency_key));
   // The entry may be gone (a reset while executing); then there is nothing to save into.
   if (found == entries_.end() || found->second.ticket != ticket) return;
   found->second.executing = false;
   found->second.response = std::move(response);
 }
 
-void IdempotencyStore::release(const std::string& api_key, const std::string& idempotency_key,
+void IdempotencyStore::release(const std::string& scope, const std::string& idempotency_key,
                                std::uint64_t ticket) {
   std::lock_guard<std::mutex> lock(mutex_);
-  const auto found = entries_.find(scoped_key(api_key, idempotency_key));
+  const auto found = entries_.find(scoped_key(scope, idempotency_key));
   if (found != entries_.end() && found->second.ticket == ticket) entries_.erase(found);
 }
 

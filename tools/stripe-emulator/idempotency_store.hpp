@@ -1,8 +1,9 @@
 // Stripe's idempotency layer: the first response for a key is saved once the
 // endpoint starts executing and replayed for every later request with that
 // key; a different request under the same key, or a concurrent one, is
-// refused. Keys are scoped per API key and forgotten after a TTL, after which
-// the same key is a new request (a second charge: what billguard must prevent).
+// refused. Keys are scoped per API key and account (the caller's `scope`)
+// and forgotten after a TTL, after which the same key is a new request (a
+// second charge: what billguard must prevent).
 #pragma once
 
 #include <chrono>
@@ -37,18 +38,17 @@ class IdempotencyStore {
 
   // `endpoint` is "METHOD /path"; `params` are the decoded parameters in any
   // order (they are compared as a multiset).
-  IdempotencyClaim claim(const std::string& api_key, const std::string& idempotency_key,
+  IdempotencyClaim claim(const std::string& scope, const std::string& idempotency_key,
                          const std::string& endpoint, FormParams params, Clock::time_point now,
                          std::chrono::seconds ttl);
 
   // Saves the response of a fresh claim for replay.
-  void complete(const std::string& api_key, const std::string& idempotency_key,
-                std::uint64_t ticket, ApiResponse response);
+  void complete(const std::string& scope, const std::string& idempotency_key, std::uint64_t ticket,
+                ApiResponse response);
 
   // Forgets a fresh claim without saving anything (validation failures,
   // hangs), so a retry with the key is a new request.
-  void release(const std::string& api_key, const std::string& idempotency_key,
-               std::uint64_t ticket);
+  void release(const std::string& scope, const std::string& idempotency_key, std::uint64_t ticket);
 
   void clear();
 
@@ -67,7 +67,7 @@ class IdempotencyStore {
     std::uint64_t ticket;
   };
 
-  static std::string scoped_key(const std::string& api_key, const std::string& idempotency_key);
+  static std::string scoped_key(const std::string& scope, const std::string& idempotency_key);
   void prune_expired(Clock::time_point now, std::chrono::seconds ttl);
 
   std::mutex mutex_;

@@ -168,6 +168,10 @@ JsonWriter& JsonWriter::integer(std::int64_t number) {
   return *this;
 }
 
+JsonWriter& JsonWriter::optional_integer(const std::optional<std::int64_t>& number) {
+  return number ? integer(*number) : null();
+}
+
 JsonWriter& JsonWriter::boolean(bool flag) {
   separate_from_previous_value();
   out_ += flag ? "true" : "false";

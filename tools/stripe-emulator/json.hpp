@@ -28,6 +28,7 @@ class JsonWriter {
   JsonWriter& string(std::string_view text);
   JsonWriter& optional_string(const std::optional<std::string>& text);  // null when empty
   JsonWriter& integer(std::int64_t number);
+  JsonWriter& optional_integer(const std::optional<std::int64_t>& number);  // null when empty
   JsonWriter& boolean(bool flag);
   JsonWriter& null();
   JsonWriter& raw(std::string_view rendered_json);  // a value rendered elsewhere

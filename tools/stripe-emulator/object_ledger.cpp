@@ -8,11 +8,14 @@ void Ledger::record(StripeObject object) {
   objects_.push_back(std::move(object));
 }
 
-std::optional<StripeObject> Ledger::find(ObjectKind kind, const std::string& id) const {
+std::optional<StripeObject> Ledger::find(ObjectKind kind, const std::string& id,
+                                         const std::optional<std::string>& account) const {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto found = position_by_id_.find(id);
-  if (found == position_by_id_.end() || objects_[found->second].kind != kind) return std::nullopt;
-  return objects_[found->second];
+  if (found == position_by_id_.end()) return std::nullopt;
+  const StripeObject& object = objects_[found->second];
+  if (object.kind != kind || object.account != account) return std::nullopt;
+  return object;
 }
 
 std::optional<StripeObject> Ledger::modify(ObjectKind kind, const std::string& id,
@@ -30,7 +33,8 @@ LedgerPage Ledger::query(const LedgerQuery& query) const {
   std::size_t end = objects_.size();  // scan newest to oldest from here
   if (!query.starting_after.empty()) {
     const auto cursor = position_by_id_.find(query.starting_after);
-    if (cursor == position_by_id_.end()) {
+    // A cursor of another account's object names nothing this account has.
+    if (cursor == position_by_id_.end() || objects_[cursor->second].account != query.account) {
       page.cursor_found = false;
       return page;
     }
@@ -39,7 +43,7 @@ LedgerPage Ledger::query(const LedgerQuery& query) const {
   std::size_t to_skip = query.skip;
   for (std::size_t i = end; i-- > 0;) {
     const StripeObject& object = objects_[i];
-    if (object.kind != query.kind) continue;
+    if (object.kind != query.kind || object.account != query.account) continue;
     if (query.created_no_later_than && object.created_at > *query.created_no_later_than) continue;
     if (query.matches && !query.matches(object)) continue;
     if (to_skip > 0) {

@@ -18,6 +18,7 @@ namespace stripe_emulator {
 
 struct LedgerQuery {
   ObjectKind kind = ObjectKind::payment_intent;
+  std::optional<std::string> account;  // only this account's objects (nullopt: the platform's)
   std::function<bool(const StripeObject&)> matches;  // empty: every object of the kind
   // Objects created after this instant are left out (search freshness).
   std::optional<std::chrono::steady_clock::time_point> created_no_later_than;
@@ -35,9 +36,12 @@ struct LedgerPage {
 class Ledger {
  public:
   void record(StripeObject object);
-  std::optional<StripeObject> find(ObjectKind kind, const std::string& id) const;
+  // The object of that kind and id made on `account` (nullopt: the platform).
+  std::optional<StripeObject> find(ObjectKind kind, const std::string& id,
+                                   const std::optional<std::string>& account) const;
   // Lets `change` alter the object (a refund) under the ledger's lock; the
   // object as it is afterwards, or nullopt when there is no such object.
+  // Any account's (the control API acts as a person in every dashboard).
   std::optional<StripeObject> modify(ObjectKind kind, const std::string& id,
                                      const std::function<void(StripeObject&)>& change);
   LedgerPage query(const LedgerQuery& query) const;

@@ -13,6 +13,7 @@ namespace stripe_emulator {
 namespace {
 
 constexpr std::size_t kMaxIdempotencyKeyLength = 255;  // Stripe's limit
+constexpr std::size_t kMaxAccountIdLength = 255;       // Stripe's ids are far shorter
 
 HandlerResult answer(const ApiResponse& api_response, const std::string* idempotency_key = nullptr,
                      bool replayed = false) {
@@ -93,6 +94,27 @@ std::optional<StripeError> StripeApi::authenticate(const HttpRequest& request,
   return std::nullopt;
 }
 
+std::optional<StripeError> StripeApi::connected_account(const HttpRequest& request,
+                                                        const std::string& api_key,
+                                                        std::optional<std::string>& account) const {
+  const std::string* header = request.header("stripe-account");
+  if (!header) return std::nullopt;  // the platform acts for itself
+  // Any acct_ id of Stripe's shape is taken for a connected account of the
+  // platform, but those the control API says refuse it; anything else names
+  // no account the key may act on.
+  static const std::string kPrefix = "acct_";
+  const bool shaped =
+      header->size() > kPrefix.size() && header->size() <= kMaxAccountIdLength &&
+      header->compare(0, kPrefix.size(), kPrefix) == 0 &&
+      header->find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789",
+                                kPrefix.size()) == std::string::npos;
+  if (!shaped || state_.refused_accounts.contains(*header)) {
+    return errors::account_inaccessible(api_key, *header);
+  }
+  account = *header;
+  return std::nullopt;
+}
+
 void StripeApi::sleep_for_configured_latency() const {
   const auto latency_ms = state_.settings.latency_ms.load();
   // Sleeping in the connection's own thread, holding no lock: concurrent
@@ -113,6 +135,8 @@ HandlerResult StripeApi::handle(const HttpRequest& request) {
 
   std::string api_key;
   if (auto failure = authenticate(request, api_key)) return answer(*failure);
+  std::optional<std::string> account;
+  if (auto failure = connected_account(request, api_key, account)) return answer(*failure);
 
   const auto route = resolve_route(request.method, request.path);
   if (!route) return answer(errors::unrecognized_url(request.method, request.path));
@@ -145,9 +169,9 @@ HandlerResult StripeApi::handle(const HttpRequest& request) {
   }
 
   HandlerResult result = route->operation == Operation::create
-                             ? run_creation(request, *route, api_key, *params,
+                             ? run_creation(request, *route, api_key, account, *params,
                                             executes_despite_error ? fault : std::nullopt)
-                             : run_read(*route, *params);
+                             : run_read(*route, account, *params);
   if (fault && fault->kind == FaultKind::commit_then_drop) {
     // Everything happened (object created, response saved); only the answer is lost.
     ++state_.stats.faults_applied;
@@ -157,9 +181,14 @@ HandlerResult StripeApi::handle(const HttpRequest& request) {
 }
 
 HandlerResult StripeApi::run_creation(const HttpRequest& request, const Route& route,
-                                      const std::string& api_key, const FormParams& params,
+                                      const std::string& api_key,
+                                      const std::optional<std::string>& account,
+                                      const FormParams& params,
                                       const std::optional<Fault>& server_error) {
   const std::string* idempotency_key = request.header("idempotency-key");
+  // Stripe keeps keys per account acted on: the same key on two connected
+  // accounts, or on one and the platform, is two requests.
+  const std::string scope = api_key + '\0' + account.value_or("");
   std::optional<std::uint64_t> ticket;
   if (idempotency_key) {
     if (idempotency_key->empty() || idempotency_key->size() > kMaxIdempotencyKeyLength) {
@@ -168,7 +197,7 @@ HandlerResult StripeApi::run_creation(const HttpRequest& request, const Route& r
     const std::string endpoint = request.method + " " + request.path;
     const auto ttl = std::chrono::seconds(state_.settings.idempotency_ttl_seconds.load());
     const IdempotencyClaim claim = state_.idempotency.claim(
-        api_key, *idempotency_key, endpoint, params, std::chrono::steady_clock::now(), ttl);
+        scope, *idempotency_key, endpoint, params, std::chrono::steady_clock::now(), ttl);
     // The key is registered before the latency, so a concurrent duplicate
     // arriving during the sleep sees it in flight and gets a 409.
     sleep_for_configured_latency();
@@ -196,14 +225,16 @@ HandlerResult StripeApi::run_creation(const HttpRequest& request, const Route& r
   }
 
   const std::string* stripe_version = request.header("stripe-version");
-  const CreationValidation validation = validate_creation(
+  CreationValidation validation = validate_creation(
       route.kind, params,
-      stripe_version && !stripe_version->empty() ? *stripe_version : state_.default_api_version);
+      stripe_version && !stripe_version->empty() ? *stripe_version : state_.default_api_version,
+      account.has_value());
   if (const auto* invalid = std::get_if<StripeError>(&validation)) {
-    if (ticket) state_.idempotency.release(api_key, *idempotency_key, *ticket);
+    if (ticket) state_.idempotency.release(scope, *idempotency_key, *ticket);
     return answer(*invalid, idempotency_key);
   }
-  const auto& creation = std::get<CreationRequest>(validation);
+  auto& creation = std::get<CreationRequest>(validation);
+  creation.account = account;
   const std::optional<std::string> key_for_ledger =
       idempotency_key ? std::optional<std::string>(*idempotency_key) : std::nullopt;
 
@@ -225,20 +256,21 @@ HandlerResult StripeApi::run_creation(const HttpRequest& request, const Route& r
     if (state_.webhooks.enabled()) state_.webhooks.publish(creation_events(created.object));
     response = created.response;
   }
-  if (ticket) state_.idempotency.complete(api_key, *idempotency_key, *ticket, response);
+  if (ticket) state_.idempotency.complete(scope, *idempotency_key, *ticket, response);
   return answer(response, idempotency_key);
 }
 
-HandlerResult StripeApi::run_read(const Route& route, const FormParams& params) {
+HandlerResult StripeApi::run_read(const Route& route, const std::optional<std::string>& account,
+                                  const FormParams& params) {
   sleep_for_configured_latency();
   switch (route.operation) {
     case Operation::retrieve:
-      return answer(retrieve_object(state_.ledger, route.kind, route.object_id));
+      return answer(retrieve_object(state_.ledger, route.kind, route.object_id, account));
     case Operation::list:
-      return answer(list_objects(state_.ledger, route.kind, params));
+      return answer(list_objects(state_.ledger, route.kind, params, account));
     case Operation::search:
       return answer(
-          search_objects(state_.ledger, route.kind, params,
+          search_objects(state_.ledger, route.kind, params, account,
                          std::chrono::milliseconds(state_.settings.search_delay_ms.load())));
     case Operation::create:
       break;

@@ -1,5 +1,5 @@
 // The /v1 API, in the order Stripe processes a request:
-//   rate limiter -> authentication -> routing -> injected faults ->
+//   rate limiter -> authentication (and Stripe-Account) -> routing -> injected faults ->
 //   idempotency layer (replay / conflict / in use) -> latency ->
 //   parameter validation -> endpoint execution -> save response for the key.
 #pragma once
@@ -30,10 +30,17 @@ class StripeApi {
 
   static std::optional<Route> resolve_route(const std::string& method, const std::string& path);
   std::optional<StripeError> authenticate(const HttpRequest& request, std::string& api_key) const;
+  // The connected account of Stripe-Account (nullopt without the header:
+  // the platform), or a 403 for a value that names no account or one that
+  // refuses the platform.
+  std::optional<StripeError> connected_account(const HttpRequest& request,
+                                               const std::string& api_key,
+                                               std::optional<std::string>& account) const;
   HandlerResult run_creation(const HttpRequest& request, const Route& route,
-                             const std::string& api_key, const FormParams& params,
-                             const std::optional<Fault>& server_error);
-  HandlerResult run_read(const Route& route, const FormParams& params);
+                             const std::string& api_key, const std::optional<std::string>& account,
+                             const FormParams& params, const std::optional<Fault>& server_error);
+  HandlerResult run_read(const Route& route, const std::optional<std::string>& account,
+                         const FormParams& params);
   void sleep_for_configured_latency() const;
 
   EmulatorState& state_;

@@ -49,6 +49,8 @@ StripeObject new_object(const CreationRequest& request,
   StripeObject object;
   object.kind = request.kind;
   object.id = new_object_id(request.kind == ObjectKind::payment_intent ? "pi" : "ch");
+  object.account = request.account;
+  object.application_fee_amount = request.application_fee_amount;
   object.amount = request.amount;
   object.currency = request.currency;
   object.customer = request.customer;
@@ -149,8 +151,10 @@ Creation create_object(Ledger& ledger, const CreationRequest& request,
              : create_charge(ledger, request, idempotency_key);
 }
 
-ApiResponse retrieve_object(const Ledger& ledger, ObjectKind kind, const std::string& id) {
-  const auto object = ledger.find(kind, id);
+ApiResponse retrieve_object(const Ledger& ledger, ObjectKind kind, const std::string& id,
+                            const std::optional<std::string>& account) {
+  // Another account's object is as missing as one that never existed.
+  const auto object = ledger.find(kind, id, account);
   if (!object) {
     const bool intent = kind == ObjectKind::payment_intent;
     return render_error(errors::no_such_object(intent ? "payment_intent" : "charge", id,
@@ -159,9 +163,11 @@ ApiResponse retrieve_object(const Ledger& ledger, ObjectKind kind, const std::st
   return ApiResponse{200, render_api_object(*object)};
 }
 
-ApiResponse list_objects(const Ledger& ledger, ObjectKind kind, const FormParams& query) {
+ApiResponse list_objects(const Ledger& ledger, ObjectKind kind, const FormParams& query,
+                         const std::optional<std::string>& account) {
   LedgerQuery ledger_query;
   ledger_query.kind = kind;
+  ledger_query.account = account;
   std::optional<std::string> customer;
   for (const auto& [name, value] : query) {
     if (name == "customer") {
@@ -189,9 +195,11 @@ ApiResponse list_objects(const Ledger& ledger, ObjectKind kind, const FormParams
 }
 
 ApiResponse search_objects(const Ledger& ledger, ObjectKind kind, const FormParams& query,
+                           const std::optional<std::string>& account,
                            std::chrono::milliseconds search_delay) {
   LedgerQuery ledger_query;
   ledger_query.kind = kind;
+  ledger_query.account = account;
   std::optional<std::string> query_text;
   for (const auto& [name, value] : query) {
     if (name == "query") {

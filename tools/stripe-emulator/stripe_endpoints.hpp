@@ -24,15 +24,20 @@ struct Creation {
 Creation create_object(Ledger& ledger, const CreationRequest& request,
                        const std::optional<std::string>& idempotency_key);
 
-ApiResponse retrieve_object(const Ledger& ledger, ObjectKind kind, const std::string& id);
+// Reads see the objects of one account only: `account` is the request's
+// Stripe-Account, nullopt for the platform's own.
+ApiResponse retrieve_object(const Ledger& ledger, ObjectKind kind, const std::string& id,
+                            const std::optional<std::string>& account);
 
 // GET /v1/{payment_intents,charges}?customer=&limit=&starting_after=
 // Immediately consistent, newest first.
-ApiResponse list_objects(const Ledger& ledger, ObjectKind kind, const FormParams& query);
+ApiResponse list_objects(const Ledger& ledger, ObjectKind kind, const FormParams& query,
+                         const std::optional<std::string>& account);
 
 // GET /v1/{payment_intents,charges}/search?query=&limit=&page=
 // Eventually consistent: objects younger than `search_delay` are not found.
 ApiResponse search_objects(const Ledger& ledger, ObjectKind kind, const FormParams& query,
+                           const std::optional<std::string>& account,
                            std::chrono::milliseconds search_delay);
 
 }  // namespace stripe_emulator

@@ -113,6 +113,18 @@ StripeError invalid_search_query(std::string message) {
   return invalid_request(std::move(message), "query");
 }
 
+StripeError application_fee_without_account(bool payment_intent) {
+  return invalid_request(
+      payment_intent
+          ? "Can only apply an application_fee_amount when the PaymentIntent is attempting a "
+            "direct payment (using an OAuth key or Stripe-Account header) or destination payment "
+            "(using `transfer_data[destination]`)."
+          : "Can only apply an application_fee_amount when the request is made on behalf of "
+            "another account (using an OAuth key, the Stripe-Account header, or the destination "
+            "parameter).",
+      "application_fee_amount");
+}
+
 StripeError no_such_object(std::string_view object_name, std::string_view id,
                            std::string_view param, int http_status) {
   StripeError error = invalid_request("No such " + std::string(object_name) + ": " + quoted(id),
@@ -141,6 +153,15 @@ StripeError missing_api_key() {
 StripeError invalid_api_key(std::string_view presented_key) {
   StripeError error = invalid_request("Invalid API Key provided: " + mask_api_key(presented_key));
   error.http_status = 401;
+  return error;
+}
+
+StripeError account_inaccessible(std::string_view presented_key, std::string_view account) {
+  StripeError error = invalid_request("The provided key " + quoted(mask_api_key(presented_key)) +
+                                      " does not have access to account " + quoted(account) +
+                                      " (or that account does not exist). Application access may "
+                                      "have been revoked.");
+  error.http_status = 403;
   return error;
 }
 

@@ -37,6 +37,8 @@ StripeError amount_too_large(long long maximum);
 StripeError invalid_currency(std::string_view currency);
 StripeError malformed_parameters();
 StripeError invalid_search_query(std::string message);
+// application_fee_amount on a request made for the platform itself.
+StripeError application_fee_without_account(bool payment_intent);
 
 // Lookups (HTTP 404 unless the missing object is a parameter, then 400).
 StripeError no_such_object(std::string_view object_name, std::string_view id,
@@ -47,6 +49,9 @@ StripeError unrecognized_url(std::string_view method, std::string_view path);
 StripeError missing_api_key();
 StripeError invalid_api_key(std::string_view presented_key);
 StripeError unsupported_authorization_scheme();
+// A Stripe-Account header naming no account the key may act on (HTTP 403,
+// what Stripe's clients raise as a PermissionError).
+StripeError account_inaccessible(std::string_view presented_key, std::string_view account);
 
 // Idempotency layer.
 StripeError invalid_idempotency_key();

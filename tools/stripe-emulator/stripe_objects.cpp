@@ -38,7 +38,9 @@ void write_payment_intent(JsonWriter& json, const StripeObject& intent) {
       .key("amount")
       .integer(intent.amount)
       .key("amount_received")
-      .integer(succeeded ? intent.amount : 0);
+      .integer(succeeded ? intent.amount : 0)
+      .key("application_fee_amount")
+      .optional_integer(intent.application_fee_amount);
   write_payment_method_choice(json, intent);
   json.key("capture_method")
       .string("automatic")
@@ -88,6 +90,8 @@ void write_charge(JsonWriter& json, const StripeObject& charge) {
       .integer(paid ? charge.amount : 0)
       .key("amount_refunded")
       .integer(charge.amount_refunded)
+      .key("application_fee_amount")
+      .optional_integer(charge.application_fee_amount)
       .key("captured")
       .boolean(paid)
       .key("created")
@@ -145,8 +149,12 @@ void write_ledger_entry(JsonWriter& json, const StripeObject& object) {
       .string(object.id)
       .key("object")
       .string(object_type_name(object.kind))
+      .key("account")
+      .optional_string(object.account)
       .key("amount")
       .integer(object.amount)
+      .key("application_fee_amount")
+      .optional_integer(object.application_fee_amount)
       .key("currency")
       .string(object.currency)
       .key("customer")

@@ -24,12 +24,16 @@ using Metadata = std::map<std::string, std::string>;
 struct StripeObject {
   ObjectKind kind = ObjectKind::payment_intent;
   std::string id;
+  // The connected account it was made on (Stripe-Account); nullopt: the
+  // platform's own. Only requests for the same account see it.
+  std::optional<std::string> account;
   std::int64_t amount = 0;
   std::string currency;
   std::optional<std::string> customer;
   std::optional<std::string> payment_source;  // payment_method (PaymentIntent) or source (Charge)
   std::string status;
   std::optional<std::string> description;
+  std::optional<std::int64_t> application_fee_amount;
   Metadata metadata;
   std::int64_t created_unix = 0;
   // Monotonic creation instant: decides when search may see the object.

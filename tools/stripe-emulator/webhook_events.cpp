@@ -13,13 +13,12 @@ WebhookEvent make_event(const std::string& type, const StripeObject& object) {
   event.id = new_object_id("evt");
   event.type = type;
   event.object_id = object.id;
+  event.connect = object.account.has_value();
   JsonWriter json;
-  json.begin_object()
-      .key("id")
-      .string(event.id)
-      .key("object")
-      .string("event")
-      .key("api_version")
+  json.begin_object().key("id").string(event.id).key("object").string("event");
+  // A connected account's event, as a Connect endpoint receives it.
+  if (object.account) json.key("account").string(*object.account);
+  json.key("api_version")
       .string("2024-06-20")
       .key("created")
       .integer(static_cast<std::int64_t>(std::time(nullptr)))

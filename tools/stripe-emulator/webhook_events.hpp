@@ -22,7 +22,8 @@ struct WebhookEvent {
   std::string id;
   std::string type;
   std::string object_id;
-  std::string json;  // the body of every delivery of it
+  bool connect = false;  // a connected account's: for a Connect endpoint
+  std::string json;      // the body of every delivery of it
 };
 
 std::vector<WebhookEvent> creation_events(const StripeObject& object);

@@ -17,15 +17,27 @@ constexpr std::int64_t kLongestRetryMs = 5000;
 }  // namespace
 
 bool WebhookSender::configure(const WebhookSettings& settings, std::string& error) {
-  WebhookEndpoint endpoint;
+  WebhookEndpoint endpoint, connect_endpoint;
   if (!settings.url.empty() && !parse_webhook_url(settings.url, endpoint, error)) return false;
   if (!settings.url.empty() && settings.secret.empty()) {
     error = "a webhook URL needs a webhook secret to sign with";
     return false;
   }
+  if (!settings.connect_url.empty()) {
+    if (!parse_webhook_url(settings.connect_url, connect_endpoint, error)) return false;
+    if (settings.connect_secret.empty()) {
+      error = "a Connect endpoint needs its own webhook secret to sign with";
+      return false;
+    }
+    if (settings.url.empty()) {
+      error = "a Connect endpoint needs the account endpoint (url) too";
+      return false;
+    }
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   settings_ = settings;
   endpoint_ = endpoint;
+  connect_endpoint_ = connect_endpoint;
   changed_.notify_all();
   return true;
 }
@@ -80,6 +92,10 @@ std::string WebhookSender::to_json() const {
       .string(settings_.url)
       .key("secret_set")
       .boolean(!settings_.secret.empty())
+      .key("connect_url")
+      .string(settings_.connect_url)
+      .key("connect_secret_set")
+      .boolean(!settings_.connect_secret.empty())
       .key("hold")
       .boolean(settings_.hold)
       .key("duplicate")
@@ -100,6 +116,8 @@ std::string WebhookSender::to_json() const {
         .string(d.event.type)
         .key("object_id")
         .string(d.event.object_id)
+        .key("endpoint")
+        .string(d.event.connect && !settings_.connect_url.empty() ? "connect" : "account")
         .key("attempts")
         .integer(d.attempts)
         .key("delivered")
@@ -136,8 +154,9 @@ void WebhookSender::run() {
     const std::size_t index = static_cast<std::size_t>(next - deliveries_.begin());
     const std::uint64_t generation = generation_;
     const WebhookEvent event = next->event;
-    const WebhookEndpoint endpoint = endpoint_;
-    const std::string secret = settings_.secret;
+    const bool to_connect = event.connect && !settings_.connect_url.empty();
+    const WebhookEndpoint endpoint = to_connect ? connect_endpoint_ : endpoint_;
+    const std::string secret = to_connect ? settings_.connect_secret : settings_.secret;
     const std::int64_t retry_ms = settings_.retry_ms;
     lock.unlock();
     const std::string t = std::to_string(static_cast<long long>(std::time(nullptr)));

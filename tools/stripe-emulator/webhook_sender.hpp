@@ -22,6 +22,10 @@ namespace stripe_emulator {
 struct WebhookSettings {
   std::string url;  // empty: events are neither delivered nor kept
   std::string secret;
+  // A Connect endpoint: connected accounts' events go there, signed with
+  // its own secret. Empty: they go to `url` with the others.
+  std::string connect_url;
+  std::string connect_secret;
   bool hold = false;            // deliver nothing until released
   std::int64_t duplicate = 0;   // further deliveries of every event
   std::int64_t delay_ms = 0;    // an event's deliveries fall due this long after it
@@ -32,8 +36,9 @@ class WebhookSender {
  public:
   explicit WebhookSender(bool log_deliveries) : log_deliveries_(log_deliveries) {}
 
-  // Replaces the settings; false, with `error`, when the URL is not
-  // http://HOST[:PORT][/PATH] or a URL comes without a secret.
+  // Replaces the settings; false, with `error`, when a URL is not
+  // http://HOST[:PORT][/PATH], comes without its secret, or a Connect
+  // endpoint comes without an account endpoint.
   bool configure(const WebhookSettings& settings, std::string& error);
   WebhookSettings settings() const;
   // Whether events are delivered at all: callers skip rendering them otherwise.
@@ -67,6 +72,7 @@ class WebhookSender {
   std::condition_variable changed_;
   WebhookSettings settings_;
   WebhookEndpoint endpoint_;
+  WebhookEndpoint connect_endpoint_;
   std::vector<Delivery> deliveries_;
   std::uint64_t generation_ = 0;  // bumped by clear(): a delivery in flight then is forgotten
 };

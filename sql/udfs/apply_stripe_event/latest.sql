@@ -17,11 +17,15 @@ DECLARE
 BEGIN
   -- The key in metadata is not proof enough: anyone who can write metadata
   -- (a connected account's owner, another system on this account) can copy
-  -- a record's key, so what billguard sends must match too.
-  IF event ->> 'account' IS NOT NULL THEN
+  -- a record's key, so what billguard sends must match too, starting with
+  -- the account: a Connect endpoint's event names its connected account in
+  -- `account`, the platform's own has none, and a record's charge is made
+  -- on the account it froze at its first claim (NULL: the platform).
+  IF event ->> 'account' IS DISTINCT FROM rec.stripe_account THEN
     effect := 'mismatch';
-    detail := format('the event comes from connected account %s, not from this Stripe account',
-                     event ->> 'account');
+    detail := format('the event comes from %s, the record''s charge is made on %s',
+                     coalesce('connected account ' || (event ->> 'account'), 'the platform''s own account'),
+                     coalesce('connected account ' || rec.stripe_account, 'the platform''s own account'));
   ELSIF (object ->> 'amount')::bigint <> rec.amount_cents OR object ->> 'currency' <> rec.currency
      OR object ->> 'customer' IS DISTINCT FROM rec.stripe_customer THEN
     effect := 'mismatch';

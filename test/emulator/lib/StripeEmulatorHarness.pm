@@ -248,4 +248,41 @@ sub read_response {
   }
 }
 
+# ---- webhook endpoint -------------------------------------------------------
+
+# A listening socket standing in for a webhook endpoint: ($listener, $url).
+sub webhook_listener {
+  my ($path) = @_;
+  my $listener = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0, Listen => 16, ReuseAddr => 1)
+    or die "listen: $!";
+  return ($listener, 'http://127.0.0.1:' . $listener->sockport . ($path // '/hooks/stripe'));
+}
+
+# Accepts the next delivery on $listener and answers it with $status (200);
+# returns {path, headers, body, event}, or undef when none came in 20 s.
+sub next_webhook_delivery {
+  my ($listener, $status) = @_;
+  IO::Select->new($listener)->can_read(20) or return undef;
+  my $client = $listener->accept or return undef;
+  my $buffer = '';
+  my ($head, $length);
+  while (1) {
+    IO::Select->new($client)->can_read(10) or return undef;
+    sysread($client, $buffer, 65536, length $buffer) or last;
+    if (!defined $head && (my $end = index($buffer, "\r\n\r\n")) >= 0) {
+      $head = substr($buffer, 0, $end);
+      $buffer = substr($buffer, $end + 4);
+      ($length) = $head =~ /^Content-Length: (\d+)/mi;
+    }
+    last if defined $head && length($buffer) >= $length;
+  }
+  my ($request_line, @lines) = split /\r\n/, $head;
+  my %headers = map { my ($n, $v) = /^([^:]+):\s*(.*)$/; (lc $n => $v) } @lines;
+  my $answer = $status // 200;
+  syswrite($client, "HTTP/1.1 $answer X\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}");
+  close $client;
+  my ($path) = $request_line =~ m{^POST (\S+) HTTP/1\.1$};
+  return { path => $path, headers => \%headers, body => $buffer, event => decode_json($buffer) };
+}
+
 1;
