@@ -175,7 +175,7 @@ void VaultKeys::ForgetExpired(const std::string& period, const std::string& curr
                               const std::string& key_id) {
   const auto found = keys_.find(Budget(period, currency));
   if (found == keys_.end() || found->second.key_id != key_id) return;
-  Log("the vault key " + key_id + " of " + period + " in " + currency +
+  Log("the vault key " + key_id + " of " + period + (currency == "usd" ? "" : " in " + currency) +
       " expired; obtaining a new one");
   ForgetVaultCredential(settings::api_base, period, currency, key_id);
   keys_.erase(found);
