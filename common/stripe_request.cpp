@@ -75,10 +75,23 @@ FormFields ChargeFields(const ChargeRecord& r, const std::string& endpoint, Char
     throw InvalidParameter("unsupported Stripe endpoint \"" + endpoint +
                            "\": use /v1/payment_intents or /v1/charges");
   }
-  fields.emplace_back("description", "billguard " + r.customer_id + " " + r.billing_period);
+  if (r.application_fee_cents >= 0) {
+    fields.emplace_back("application_fee_amount", std::to_string(r.application_fee_cents));
+  }
+  fields.emplace_back("description", r.description.empty()
+                                         ? "billguard " + r.customer_id + " " + r.billing_period
+                                         : r.description);
+  // billguard's own keys come first and win: the search finds the charge by
+  // billguard_key, and a user's key of the same name is left out.
+  static const char* const kOwnKeys[] = {"billguard_key", "billing_period", "customer_id"};
   fields.emplace_back("metadata[billguard_key]", r.idempotency_key);
   fields.emplace_back("metadata[billing_period]", r.billing_period);
   fields.emplace_back("metadata[customer_id]", r.customer_id);
+  for (const auto& [key, value] : r.metadata) {
+    bool own = false;
+    for (const char* k : kOwnKeys) own = own || key == k;
+    if (!own) fields.emplace_back("metadata[" + key + "]", value);
+  }
   return fields;
 }
 

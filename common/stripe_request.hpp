@@ -24,6 +24,11 @@ struct ChargeRecord {
   std::string currency;
   std::string stripe_customer;
   std::string payment_method;  // empty when none
+  // What the period amount and the account add (0.3.0); empty or negative
+  // when none, and then the body is exactly the one of the records before.
+  std::string description;                                    // replaces billguard's own when set
+  std::vector<std::pair<std::string, std::string>> metadata;  // the user's keys
+  long long application_fee_cents = -1;                       // sent when >= 0
 };
 
 using FormFields = std::vector<std::pair<std::string, std::string>>;

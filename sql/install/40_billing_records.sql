@@ -43,13 +43,22 @@ CREATE TABLE billguard.billing_records (
   -- earlier system made for it (a restored backup that lost the tick) may be
   -- one Stripe no longer knows the key of. NULL for every other record.
   search_first_reason text,
+  -- Frozen at claim with the amount: the period amount's description and
+  -- metadata (sent in the charge's body), and the account's Connect account
+  -- (sent as Stripe-Account) and application fee. NULL: none.
+  description           text,
+  metadata              jsonb,
+  stripe_account        text,
+  application_fee_cents bigint,
   CONSTRAINT billing_records_pk PRIMARY KEY (idempotency_key),
   CONSTRAINT billing_records_uq UNIQUE (customer_id, billing_period),
   CONSTRAINT billing_records_period_valid CHECK (billguard.is_billing_period(billing_period)),
   CONSTRAINT billing_records_status_valid CHECK (status IN
     ('pending', 'dispatching', 'completed', 'failed', 'blocked', 'needs_review', 'unknown',
-     'cancelled')),
-  CONSTRAINT billing_records_amount_positive CHECK (amount_cents > 0),
+     'cancelled', 'below_minimum')),
+  -- Zero, and amounts under Stripe's minimum, are claimed as below_minimum
+  -- and never sent.
+  CONSTRAINT billing_records_amount_not_negative CHECK (amount_cents >= 0),
   CONSTRAINT billing_records_completed_has_charge CHECK (status <> 'completed' OR charge_id IS NOT NULL)
 )
 -- A record grows to about 470 bytes when its first claim stores the
@@ -72,15 +81,20 @@ CREATE INDEX billing_records_due ON billguard.billing_records (next_attempt_at)
 CREATE TRIGGER billing_records_keep_rows BEFORE DELETE OR TRUNCATE ON billguard.billing_records
   FOR EACH STATEMENT EXECUTE FUNCTION billguard.refuse_billing_record_change();
 
+-- What a record charges changes only when a cancelled record that was never
+-- sent is claimed again (reclaim_record): Stripe never saw its key.
 CREATE TRIGGER billing_records_frozen_identity BEFORE UPDATE ON billguard.billing_records
   FOR EACH ROW
   WHEN (OLD.customer_id IS DISTINCT FROM NEW.customer_id
      OR OLD.billing_period IS DISTINCT FROM NEW.billing_period
      OR OLD.idempotency_key IS DISTINCT FROM NEW.idempotency_key
-     OR OLD.amount_cents IS DISTINCT FROM NEW.amount_cents
-     OR OLD.currency IS DISTINCT FROM NEW.currency
-     OR OLD.stripe_customer IS DISTINCT FROM NEW.stripe_customer
-     OR OLD.payment_method IS DISTINCT FROM NEW.payment_method
+     OR ((OLD.amount_cents, OLD.currency, OLD.stripe_customer, OLD.payment_method, OLD.description,
+          OLD.metadata, OLD.stripe_account, OLD.application_fee_cents)
+         IS DISTINCT FROM
+         (NEW.amount_cents, NEW.currency, NEW.stripe_customer, NEW.payment_method, NEW.description,
+          NEW.metadata, NEW.stripe_account, NEW.application_fee_cents)
+         AND NOT (OLD.status = 'cancelled' AND OLD.first_dispatched_at IS NULL
+                  AND OLD.request_body IS NULL))
      OR (OLD.stripe_endpoint IS NOT NULL AND OLD.stripe_endpoint IS DISTINCT FROM NEW.stripe_endpoint)
      OR (OLD.request_body IS NOT NULL AND OLD.request_body IS DISTINCT FROM NEW.request_body)
      OR (OLD.charge_id IS NOT NULL AND OLD.charge_id IS DISTINCT FROM NEW.charge_id))

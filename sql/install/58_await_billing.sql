@@ -8,7 +8,8 @@
 CREATE TRIGGER billing_records_terminal_wakeup BEFORE UPDATE OF status ON billguard.billing_records
   FOR EACH ROW
   WHEN (OLD.status IS DISTINCT FROM NEW.status
-        AND NEW.status IN ('completed', 'failed', 'blocked', 'needs_review', 'cancelled'))
+        AND NEW.status IN ('completed', 'failed', 'blocked', 'needs_review', 'cancelled',
+                           'below_minimum'))
   EXECUTE FUNCTION billguard.announce_terminal_status();
 
 \ir ../udfs/terminal_commits/latest.sql

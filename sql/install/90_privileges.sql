@@ -4,6 +4,7 @@
 -- CREATE EXTENSION first.
 SELECT pg_catalog.pg_extension_config_dump('billguard.currencies', 'WHERE NOT builtin');
 SELECT pg_catalog.pg_extension_config_dump('billguard.accounts', '');
+SELECT pg_catalog.pg_extension_config_dump('billguard.period_amounts', '');
 SELECT pg_catalog.pg_extension_config_dump('billguard.billing_records', '');
 SELECT pg_catalog.pg_extension_config_dump('billguard.journal', '');
 SELECT pg_catalog.pg_extension_config_dump('billguard.snapshots', '');

@@ -90,12 +90,13 @@ SELECT lives_ok($$INSERT INTO billguard.billing_records
                   SELECT 't01_' || s, '2031-01', billguard.idempotency_key('t01_' || s, '2031-01'), s,
                          CASE WHEN s = 'completed' THEN 'ch_t01' END, 100, 'usd', 'cus_t01'
                     FROM unnest(ARRAY['pending', 'dispatching', 'completed', 'failed',
-                                      'blocked', 'needs_review', 'unknown', 'cancelled']) AS s$$,
-                'the eight status values are accepted');
+                                      'blocked', 'needs_review', 'unknown', 'cancelled',
+                                      'below_minimum']) AS s$$,
+                'the nine status values are accepted');
 SELECT bag_eq($$SELECT status FROM billguard.billing_records WHERE customer_id LIKE 't01\_%'$$,
               ARRAY['pending', 'dispatching', 'completed', 'failed', 'blocked', 'needs_review', 'unknown',
-                    'cancelled'],
-              'eight records with the eight statuses were written');
+                    'cancelled', 'below_minimum'],
+              'nine records with the nine statuses were written');
 SELECT throws_ok($$INSERT INTO billguard.billing_records
                      (customer_id, billing_period, idempotency_key, status, amount_cents, currency, stripe_customer)
                    VALUES ('t01_bogus', '2031-01', billguard.idempotency_key('t01_bogus', '2031-01'),
@@ -142,7 +143,7 @@ SELECT throws_ok($$INSERT INTO billguard.billing_records
                            'completed', 100, 'usd', 'cus_t01')$$,
                  '23514', NULL, 'a completed record without a charge_id is refused');
 SELECT is((SELECT count(*) FROM billguard.billing_records WHERE customer_id LIKE 't01\_%'),
-          9::bigint, 'only the nine valid records were written');
+          10::bigint, 'only the ten valid records were written');
 
 -- The tables holding user data are extension configuration tables, so
 -- pg_dump dumps their rows. Otherwise a dump/restore silently loses every

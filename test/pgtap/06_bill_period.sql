@@ -7,7 +7,7 @@
 -- counts as cancelled); inactive accounts are not billed; exactly one
 -- BillingInitiated event per new record; the billing-scheduler entity gets
 -- exactly one BillingTickIssued per period, however often bill_period runs;
--- period_status returns the eight statuses in order with correct counts and
+-- period_status returns the nine statuses in order with correct counts and
 -- amount sums, per currency (a period with USD and EUR records gets a row
 -- for each, never a sum across them; a status without records one row with
 -- currency NULL); bad periods are 22023 and write nothing.
@@ -26,7 +26,7 @@ CREATE TEMP TABLE t06_scheduler_before AS
 
 -- First run.
 SELECT results_eq($$SELECT * FROM billguard.bill_period('2032-01')$$,
-                  $$VALUES ('2032-01'::text, 7::bigint, 0::bigint, 0::bigint, 0::bigint, 0::bigint)$$,
+                  $$VALUES ('2032-01'::text, 7::bigint, 0::bigint, 0::bigint, 0::bigint, 0::bigint, 0::bigint)$$,
                   'first run: 7 initiated');
 SELECT bag_eq($$SELECT customer_id, idempotency_key, status, amount_cents, currency, stripe_customer
                   FROM billguard.billing_records WHERE billing_period = '2032-01' AND customer_id LIKE 't06\_%'$$,
@@ -61,7 +61,7 @@ SELECT is(billguard.highest_seq_nr('billing-scheduler'), (SELECT seq_nr + 1 FROM
 
 -- Rerun: nothing new.
 SELECT results_eq($$SELECT * FROM billguard.bill_period('2032-01')$$,
-                  $$VALUES ('2032-01'::text, 0::bigint, 0::bigint, 7::bigint, 0::bigint, 0::bigint)$$,
+                  $$VALUES ('2032-01'::text, 0::bigint, 0::bigint, 7::bigint, 0::bigint, 0::bigint, 0::bigint)$$,
                   'rerun: 0 initiated, 7 in progress');
 SELECT is((SELECT count(*) FROM billguard.billing_records WHERE billing_period = '2032-01'), 7::bigint,
           'rerun: still 7 records');
@@ -81,26 +81,26 @@ UPDATE billguard.billing_records SET status = 'dispatching' WHERE customer_id = 
 UPDATE billguard.billing_records SET status = 'unknown' WHERE customer_id = 't06_a5' AND billing_period = '2032-01';
 UPDATE billguard.billing_records SET status = 'needs_review' WHERE customer_id = 't06_a6' AND billing_period = '2032-01';
 SELECT results_eq($$SELECT * FROM billguard.bill_period('2032-01')$$,
-                  $$VALUES ('2032-01'::text, 0::bigint, 1::bigint, 4::bigint, 2::bigint, 0::bigint)$$,
+                  $$VALUES ('2032-01'::text, 0::bigint, 1::bigint, 4::bigint, 2::bigint, 0::bigint, 0::bigint)$$,
                   'after marking: 1 already completed, 4 in progress, 2 failed (failed + blocked)');
 SELECT results_eq($$SELECT status, count, amount_cents FROM billguard.period_status('2032-01')$$,
                   $$VALUES ('pending'::text, 1::bigint, 700::numeric), ('dispatching', 1, 400), ('unknown', 1, 500),
                            ('needs_review', 1, 600), ('completed', 1, 100), ('failed', 1, 200), ('blocked', 1, 300),
-                           ('cancelled', 0, 0)$$,
-                  'period_status: eight rows in order, one record each (none cancelled), with their amounts');
+                           ('cancelled', 0, 0), ('below_minimum', 0, 0)$$,
+                  'period_status: nine rows in order, one record each (none cancelled), with their amounts');
 
 -- A new account joins: only it is initiated.
 INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency)
 VALUES ('t06_a8', 'cus_t06a8', 800, 'usd');
 SELECT results_eq($$SELECT * FROM billguard.bill_period('2032-01')$$,
-                  $$VALUES ('2032-01'::text, 1::bigint, 1::bigint, 4::bigint, 2::bigint, 0::bigint)$$,
+                  $$VALUES ('2032-01'::text, 1::bigint, 1::bigint, 4::bigint, 2::bigint, 0::bigint, 0::bigint)$$,
                   'a new account: 1 initiated, the others unchanged');
 SELECT is((SELECT count(*) FROM billguard.journal WHERE persistence_id = 'billing-t06_a8-2032-01'), 1::bigint,
           'the new account got exactly one BillingInitiated');
 SELECT results_eq($$SELECT status, count, amount_cents FROM billguard.period_status('2032-01')$$,
                   $$VALUES ('pending'::text, 2::bigint, 1500::numeric), ('dispatching', 1, 400), ('unknown', 1, 500),
                            ('needs_review', 1, 600), ('completed', 1, 100), ('failed', 1, 200), ('blocked', 1, 300),
-                           ('cancelled', 0, 0)$$,
+                           ('cancelled', 0, 0), ('below_minimum', 0, 0)$$,
                   'period_status: two pending now (700 + 800)');
 SELECT is((SELECT count(*) FROM billguard.journal
             WHERE persistence_id = 'billing-scheduler' AND event ->> 'billing_period' = '2032-01'),
@@ -109,14 +109,14 @@ SELECT is((SELECT count(*) FROM billguard.journal
 -- Deactivating an account: its record stays, cancelled as it was never sent.
 UPDATE billguard.accounts SET active = false WHERE customer_id = 't06_a7';
 SELECT results_eq($$SELECT * FROM billguard.bill_period('2032-01')$$,
-                  $$VALUES ('2032-01'::text, 0::bigint, 1::bigint, 4::bigint, 2::bigint, 1::bigint)$$,
+                  $$VALUES ('2032-01'::text, 0::bigint, 1::bigint, 4::bigint, 2::bigint, 1::bigint, 0::bigint)$$,
                   'a deactivated account''s never-sent record counts as cancelled (a8 is in progress now)');
 SELECT is((SELECT count(*) FROM billguard.billing_records WHERE customer_id = 't06_a7'), 1::bigint,
           'the deactivated account keeps its record');
 
 -- A different period.
 SELECT results_eq($$SELECT * FROM billguard.bill_period('2032-02')$$,
-                  $$VALUES ('2032-02'::text, 7::bigint, 0::bigint, 0::bigint, 0::bigint, 0::bigint)$$,
+                  $$VALUES ('2032-02'::text, 7::bigint, 0::bigint, 0::bigint, 0::bigint, 0::bigint, 0::bigint)$$,
                   'a different period: the 7 active accounts are initiated');
 SELECT bag_eq($$SELECT customer_id FROM billguard.billing_records WHERE billing_period = '2032-02'$$,
               ARRAY['t06_a1', 't06_a2', 't06_a3', 't06_a4', 't06_a5', 't06_a6', 't06_a8'],
@@ -129,7 +129,7 @@ SELECT is((SELECT count(*) FROM billguard.journal
             WHERE persistence_id = 'billing-scheduler' AND event ->> 'billing_period' = '2032-02'),
           1::bigint, 'billing-scheduler got one BillingTickIssued for 2032-02');
 SELECT results_eq($$SELECT * FROM billguard.bill_period('2032-02')$$,
-                  $$VALUES ('2032-02'::text, 0::bigint, 0::bigint, 7::bigint, 0::bigint, 0::bigint)$$,
+                  $$VALUES ('2032-02'::text, 0::bigint, 0::bigint, 7::bigint, 0::bigint, 0::bigint, 0::bigint)$$,
                   'rerun of 2032-02: 0 initiated');
 SELECT results_eq($$SELECT event ->> 'billing_period' FROM billguard.journal
                      WHERE persistence_id = 'billing-scheduler' AND seq_nr > (SELECT seq_nr FROM t06_scheduler_before)
@@ -148,12 +148,12 @@ SELECT is((SELECT count(*) FROM billguard.journal WHERE event_type = 'BillingTic
 SELECT results_eq($$SELECT status, count, amount_cents FROM billguard.period_status('2032-12')$$,
                   $$VALUES ('pending'::text, 0::bigint, 0::numeric), ('dispatching', 0, 0), ('unknown', 0, 0),
                            ('needs_review', 0, 0), ('completed', 0, 0), ('failed', 0, 0), ('blocked', 0, 0),
-                           ('cancelled', 0, 0)$$,
-                  'period_status of an unbilled period: eight rows of zeros');
+                           ('cancelled', 0, 0), ('below_minimum', 0, 0)$$,
+                  'period_status of an unbilled period: nine rows of zeros');
 SELECT results_eq($$SELECT status, count, amount_cents FROM billguard.period_status('2032-02')$$,
                   $$VALUES ('pending'::text, 7::bigint, 2900::numeric), ('dispatching', 0, 0), ('unknown', 0, 0),
                            ('needs_review', 0, 0), ('completed', 0, 0), ('failed', 0, 0), ('blocked', 0, 0),
-                           ('cancelled', 0, 0)$$,
+                           ('cancelled', 0, 0), ('below_minimum', 0, 0)$$,
                   'period_status of 2032-02: seven pending worth 2900 (a1..a6 + a8)');
 
 -- Two currencies in one period: a row per (status, currency), never a sum
@@ -168,7 +168,7 @@ SELECT results_eq($$SELECT status, count, amount_cents, currency FROM billguard.
                   $$VALUES ('pending'::text, 1::bigint, 350::numeric, 'eur'::text), ('pending', 6, 2800, 'usd'),
                            ('dispatching', 0, 0, NULL), ('unknown', 0, 0, NULL), ('needs_review', 0, 0, NULL),
                            ('completed', 1, 250, 'eur'), ('completed', 1, 100, 'usd'), ('failed', 0, 0, NULL),
-                           ('blocked', 0, 0, NULL), ('cancelled', 0, 0, NULL)$$,
+                           ('blocked', 0, 0, NULL), ('cancelled', 0, 0, NULL), ('below_minimum', 0, 0, NULL)$$,
                   'period_status of 2032-03: USD and EUR amounts on separate rows, empty statuses with currency NULL');
 SELECT is((SELECT sum(count) FROM billguard.period_status('2032-03')), 9::numeric,
           'period_status of 2032-03: every record counted once');

@@ -79,7 +79,7 @@ SELECT results_eq($$SELECT * FROM billguard.bill_customer('t07_recovery', '2033-
                   $$VALUES ('in_progress'::text, '2561142dee6316f6ab62b92114a60fa8'::text, NULL::text)$$,
                   '(1) but bill_customer still returns the stored key');
 SELECT results_eq($$SELECT * FROM billguard.bill_period('2033-03')$$,
-                  $$VALUES ('2033-03'::text, 4::bigint, 0::bigint, 1::bigint, 0::bigint, 0::bigint)$$,
+                  $$VALUES ('2033-03'::text, 4::bigint, 0::bigint, 1::bigint, 0::bigint, 0::bigint, 0::bigint)$$,
                   '(1) and bill_period does not claim t07_recovery again');
 SELECT is((SELECT count(*) FROM billguard.billing_records WHERE customer_id = 't07_recovery'), 1::bigint,
           '(1) t07_recovery still has exactly one record');
@@ -122,12 +122,12 @@ SELECT ok(NOT EXISTS (SELECT 1 FROM t07_answers a
 ------------------------------------------------------------------------------
 -- (3) Re-fired scheduler.
 SELECT results_eq($$SELECT * FROM billguard.bill_period('2033-04')$$,
-                  $$VALUES ('2033-04'::text, 5::bigint, 0::bigint, 0::bigint, 0::bigint, 0::bigint)$$,
+                  $$VALUES ('2033-04'::text, 5::bigint, 0::bigint, 0::bigint, 0::bigint, 0::bigint, 0::bigint)$$,
                   '(3) first tick of 2033-04: 5 initiated');
 INSERT INTO t07_keys
 SELECT 'p4_' || customer_id, idempotency_key FROM billguard.billing_records WHERE billing_period = '2033-04';
 SELECT results_eq($$SELECT * FROM billguard.bill_period('2033-04')$$,
-                  $$VALUES ('2033-04'::text, 0::bigint, 0::bigint, 5::bigint, 0::bigint, 0::bigint)$$,
+                  $$VALUES ('2033-04'::text, 0::bigint, 0::bigint, 5::bigint, 0::bigint, 0::bigint, 0::bigint)$$,
                   '(3) the tick fires again: nothing initiated');
 SELECT is((SELECT count(*) FROM billguard.billing_records WHERE billing_period = '2033-04'), 5::bigint,
           '(3) still 5 records');
@@ -154,7 +154,7 @@ SELECT is((SELECT count(*) FROM billguard.journal WHERE persistence_id = 'billin
           1::bigint, '(3) the scheduler keeps only its newest event');
 
 SELECT results_eq($$SELECT * FROM billguard.bill_period('2033-04')$$,
-                  $$VALUES ('2033-04'::text, 0::bigint, 0::bigint, 5::bigint, 0::bigint, 0::bigint)$$,
+                  $$VALUES ('2033-04'::text, 0::bigint, 0::bigint, 5::bigint, 0::bigint, 0::bigint, 0::bigint)$$,
                   '(3) after losing snapshots and events, the re-fired tick still initiates nothing');
 SELECT results_eq($$SELECT * FROM billguard.bill_customer('t07_sched2', '2033-04', 'req-after-loss')$$,
                   $$SELECT 'in_progress'::text, (SELECT key FROM t07_keys WHERE label = 'p4_t07_sched2'), NULL::text$$,

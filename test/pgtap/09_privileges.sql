@@ -8,7 +8,7 @@
 -- key_namespace, whose writes land in the tables, but cannot read or write
 -- billing_records, journal, accounts or snapshots directly, cannot call the
 -- internal journal functions, cannot read dispatch_status and cannot change
--- the key namespace; the accounts maintainer (billing_accounts) can read,
+-- the key namespace; the accounts maintainer (billing_accounts) can write period amounts, read,
 -- add and change accounts, but not delete them, bill, or read billing
 -- records or the dispatcher's state; the operator (billing_ops) can read
 -- dispatch_status (seeing the dispatcher as a superuser does), requeue a
@@ -19,7 +19,7 @@
 -- test/t/106_privileges_doc_in_step.pl fails when the two differ.
 -- Roles are created inside the transaction and vanish with the ROLLBACK.
 BEGIN;
-SELECT plan(86);
+SELECT plan(88);
 
 UPDATE billguard.accounts SET active = false WHERE customer_id NOT LIKE 't09\_%';
 INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency) VALUES
@@ -44,16 +44,23 @@ GRANT EXECUTE ON FUNCTION
   billguard.key_namespace()
 TO billing_app;
 
--- Whoever maintains the accounts (the CHECK on customer_id calls
--- is_valid_customer_id(), which PostgreSQL checks against the inserting role).
+-- Whoever maintains the accounts and what each owes for a period (their
+-- CHECKs call is_valid_customer_id(), is_billing_period() and
+-- is_stripe_metadata(), which PostgreSQL checks against the inserting role).
 GRANT USAGE ON SCHEMA billguard TO billing_accounts;
 GRANT SELECT, INSERT, UPDATE ON billguard.accounts TO billing_accounts;
-GRANT EXECUTE ON FUNCTION billguard.is_valid_customer_id(text) TO billing_accounts;
+GRANT SELECT, INSERT, UPDATE, DELETE ON billguard.period_amounts TO billing_accounts;
+GRANT EXECUTE ON FUNCTION
+  billguard.is_valid_customer_id(text),
+  billguard.is_billing_period(text),
+  billguard.is_stripe_metadata(jsonb)
+TO billing_accounts;
 
 -- Operators: the dispatcher's and the scheduler's state (the views call
 -- dispatcher_state() and scheduler_state(), which PostgreSQL checks against
 -- the caller), the due periods never billed, requeueing, resolving and
--- cancelling records, and adopting a restored or copied database.
+-- cancelling records and claiming cancelled ones again, and adopting a
+-- restored or copied database.
 GRANT USAGE ON SCHEMA billguard TO billing_ops;
 GRANT SELECT ON billguard.dispatch_status, billguard.scheduler_status TO billing_ops;
 GRANT EXECUTE ON FUNCTION
@@ -64,6 +71,7 @@ GRANT EXECUTE ON FUNCTION
   billguard.retry_period(text, text),
   billguard.resolve_record(text, text, text),
   billguard.cancel_record(text, text),
+  billguard.reclaim_record(text, text),
   billguard.adopt_database()
 TO billing_ops;
 
@@ -112,7 +120,7 @@ SELECT is((SELECT count(*) FROM billguard.billing_records WHERE customer_id LIKE
 SET LOCAL ROLE billing_app;
 SELECT is(current_user::text, 'billing_app', 'running as billing_app');
 SELECT results_eq($$SELECT * FROM billguard.bill_period('2034-01')$$,
-                  $$VALUES ('2034-01'::text, 2::bigint, 0::bigint, 0::bigint, 0::bigint, 0::bigint)$$,
+                  $$VALUES ('2034-01'::text, 2::bigint, 0::bigint, 0::bigint, 0::bigint, 0::bigint, 0::bigint)$$,
                   'billing_app: bill_period works (2 initiated)');
 SELECT results_eq($$SELECT * FROM billguard.bill_customer('t09_carol', '2034-01', 'req-app')$$,
                   $$SELECT 'in_progress'::text, billguard.idempotency_key('t09_carol', '2034-01'), NULL::text$$,
@@ -195,6 +203,11 @@ SELECT lives_ok($$UPDATE billguard.accounts SET amount_cents = 1600 WHERE custom
                 'billing_accounts: UPDATE of accounts works');
 SELECT is((SELECT amount_cents FROM billguard.accounts WHERE customer_id = 't09_erin'), 1600::bigint,
           'billing_accounts: SELECT from accounts works');
+SELECT lives_ok($$INSERT INTO billguard.period_amounts (customer_id, billing_period, amount_cents, currency, metadata)
+                  VALUES ('t09_erin', '2034-05', 2100, 'eur', '{"plan": "pro"}')$$,
+                'billing_accounts: INSERT into period_amounts works (its metadata CHECK too)');
+SELECT lives_ok($$UPDATE billguard.period_amounts SET amount_cents = 2200 WHERE customer_id = 't09_erin'$$,
+                'billing_accounts: UPDATE of period_amounts works');
 SELECT throws_ok(statement, '42501', message, 'billing_accounts: ' || refused) FROM (VALUES
   ($$DELETE FROM billguard.accounts WHERE customer_id = 't09_erin'$$,
    'permission denied for table accounts', 'DELETE from accounts refused'),

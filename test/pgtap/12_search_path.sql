@@ -24,7 +24,7 @@ INSERT INTO pure_c_functions VALUES
   ('billguard.is_billing_period(text)'),
   ('billguard.billing_initiated_event(text,text,text,bigint,text,timestamp with time zone,text)'),
   ('billguard.is_valid_customer_id(text)'),
-  ('billguard.charge_request_body(text,text,text,text,bigint,text,text,text)');
+  ('billguard.charge_request_body(text,text,text,text,bigint,text,text,text,text,jsonb,bigint)');
 
 SELECT is(array_agg(p.oid::regprocedure::text ORDER BY p.oid::regprocedure::text), NULL,
           'no function of the extension lacks SET search_path = pg_catalog, pg_temp, but the pure C ones')

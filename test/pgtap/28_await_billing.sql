@@ -92,7 +92,7 @@ SELECT trigger_is('billguard', 'billing_records', 'billing_records_terminal_wake
 SELECT matches((SELECT pg_get_triggerdef(t.oid) FROM pg_trigger t
                  WHERE t.tgrelid = 'billguard.billing_records'::regclass
                    AND t.tgname = 'billing_records_terminal_wakeup'),
-               'BEFORE UPDATE OF status .* FOR EACH ROW WHEN \(\(\(old.status IS DISTINCT FROM new.status\) AND \(new.status = ANY \(ARRAY\[''completed''::text, ''failed''::text, ''blocked''::text, ''needs_review''::text, ''cancelled''::text\]\)\)\)\)',
+               'BEFORE UPDATE OF status .* FOR EACH ROW WHEN \(\(\(old.status IS DISTINCT FROM new.status\) AND \(new.status = ANY \(ARRAY\[''completed''::text, ''failed''::text, ''blocked''::text, ''needs_review''::text, ''cancelled''::text, ''below_minimum''::text\]\)\)\)\)',
                'it fires on an update of status, per row, only on a move to a terminal status: those is_terminal_status() names');
 SELECT is(array_agg(s ORDER BY s) FILTER (WHERE billguard.is_terminal_status(s)),
           ARRAY['blocked', 'cancelled', 'completed', 'failed', 'needs_review'],

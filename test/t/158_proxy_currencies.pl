@@ -15,12 +15,17 @@
 #     with the account; a bad shape is 400; Stripe-Context is 400; the same
 #     Idempotency-Key on the platform and on a connected account is two
 #     requests, each replayed from its own account's answer; a second key
-#     naming more accounts widens the budget's list, never its cap.
+#     naming more accounts widens the budget's list, never its cap;
+#   - the dispatcher's request for a period's budget in a currency
+#     (billguard.vault_key_request) names the currency, a cap of that
+#     currency's claimed total x headroom in its own unit, and the connected
+#     accounts of its records; the proxy takes it as it is.
 use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use File::Temp ();
+use JSON::PP qw(decode_json);
 use BillguardTest;
 use BillguardNode;
 use ProxyHarness;
@@ -195,6 +200,36 @@ is(join(',', @{ $wider->{stripe_accounts} }), 'acct_A1,acct_C3', "a second key's
 is($connect->charge_on('acct_C3', $k->{vault_key}, 'connect-5')->{status}, 200, '... for every key of the budget');
 is(error_of($connect->request_key(billing_period => '2027-03', stripe_accounts => ['acct_x-y'])),
 	'400 invalid_request_error', 'an account id of a bad shape at POST /keys is 400');
+
+# ---- what the dispatcher asks for (billguard.vault_key_request) ---------------------------
+
+# A period billed in EUR on the platform and on two connected accounts, and
+# in JPY on the platform: one key request per currency, each capped at that
+# currency's claimed total x 1.10 in its own unit, naming its records' accounts.
+$node->q1(q{
+	INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method, stripe_account)
+	VALUES ('eur_platform', 'cus_e0', 1000, 'eur', 'pm_card_visa', NULL),
+	       ('eur_on_b', 'cus_e1', 2001, 'eur', 'pm_card_visa', 'acct_B2'),
+	       ('eur_on_a', 'cus_e2', 3000, 'eur', 'pm_card_visa', 'acct_A1'),
+	       ('jpy_platform', 'cus_j0', 777, 'jpy', 'pm_card_visa', NULL)});
+is($node->q1("SELECT initiated FROM billguard.bill_period('2027-04')"), '4', '2027-04 claimed in EUR and JPY');
+my $eur_body = decode_json($node->q1(
+	"SELECT body FROM billguard.vault_key_request('2027-04', '/v1/payment_intents', 1.10, NULL, 'eur')"));
+is(join(' ', $eur_body->{currency}, $eur_body->{period_cap}, exists $eur_body->{period_usd_cap} ? 'usd-cap' : 'no-usd-cap',
+	join(',', @{ $eur_body->{stripe_accounts} })),
+	'eur 66.02 no-usd-cap acct_A1,acct_B2',
+	"the EUR key asks 60.01 EUR x 1.10, rounded up to the cent, on its records' connected accounts");
+my $jpy_body = decode_json($node->q1(
+	"SELECT body FROM billguard.vault_key_request('2027-04', '/v1/payment_intents', 1.10, NULL, 'jpy')"));
+is(join(' ', $jpy_body->{currency}, $jpy_body->{period_cap}, scalar @{ $jpy_body->{stripe_accounts} }), 'jpy 855 0',
+	'the JPY key asks 777 yen x 1.10, rounded up to the yen, on the platform only');
+my $usd_body = decode_json($node->q1(
+	"SELECT body FROM billguard.vault_key_request('2027-04', '/v1/payment_intents', 1.10)"));
+is(join(' ', $usd_body->{currency}, $usd_body->{period_usd_cap}), 'usd 0.55',
+	'a USD key asks period_usd_cap, as every proxy takes it (at least 50 cents x 1.10)');
+my $asked = $proxy->request_key(%$eur_body, billing_period => '2027-04', period_usd_cap => undef, as => 'admin');
+is($asked->{status} . ' ' . $asked->{json}{cap_cents} . ' ' . join(',', @{ $asked->{json}{stripe_accounts} }),
+	'200 6602 acct_A1,acct_B2', 'the proxy takes that request as it is');
 
 $upstream->stop;
 done_testing();

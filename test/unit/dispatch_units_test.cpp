@@ -66,6 +66,24 @@ int main() {
   Is(FormEncode(billguard::ChargeFields(Record(), "/v1/charges", ChargeForm::kOffSession))
          .substr(0, 62),
      "amount=4900&currency=usd&customer=cus_123&source=pm_card_visa&", "charges use source");
+  auto detailed = Record();
+  detailed.description = "August: 1,284 calls";
+  detailed.metadata = {{"billguard_key", "forged"}, {"plan", "pro & more"}, {"customer_id", "x"}};
+  detailed.application_fee_cents = 120;
+  Is(FormEncode(billguard::ChargeFields(detailed, "/v1/payment_intents", ChargeForm::kOffSession)),
+     "amount=4900&currency=usd&customer=cus_123&payment_method=pm_card_visa&confirm=true"
+     "&off_session=true&automatic_payment_methods%5Benabled%5D=true"
+     "&automatic_payment_methods%5Ballow_redirects%5D=never&application_fee_amount=120"
+     "&description=August%3A+1%2C284+calls"
+     "&metadata%5Bbillguard_key%5D=0f3fe6c7ee131571ac54c216d9553542"
+     "&metadata%5Bbilling_period%5D=2026-08&metadata%5Bcustomer_id%5D=cust+1%262"
+     "&metadata%5Bplan%5D=pro+%26+more",
+     "a period amount's description and metadata, and the fee: billguard's keys win");
+  auto zero_fee = Record();
+  zero_fee.application_fee_cents = 0;
+  Ok(FormEncode(billguard::ChargeFields(zero_fee, "/v1/charges", ChargeForm::kOffSession))
+             .find("&application_fee_amount=0&") != std::string::npos,
+     "a fee of 0 is sent (the account says so), none when it has none");
   bool threw = false;
   try {
     billguard::ChargeFields(Record(), "/v1/refunds", ChargeForm::kOffSession);

@@ -27,6 +27,13 @@ CREATE OR REPLACE FUNCTION billguard.apply_event(state jsonb, event_type text, e
     WHEN 'BillingBlocked' THEN state || jsonb_build_object('status', 'blocked')
     WHEN 'RecordRequeued' THEN state || jsonb_build_object('status', 'in_progress')
     WHEN 'BillingCancelled' THEN state || jsonb_build_object('status', 'cancelled')
+    WHEN 'BillingBelowMinimum' THEN state || jsonb_build_object('status', 'below_minimum')
+    -- A cancelled record never sent, claimed again with what is owed now.
+    WHEN 'BillingReclaimed' THEN state || jsonb_build_object(
+      'status', CASE WHEN event ->> 'status' = 'below_minimum' THEN 'below_minimum'
+                     ELSE 'in_progress' END,
+      'amount_cents', event -> 'amount_cents',
+      'currency', event -> 'currency')
     WHEN 'WebhookApplied' THEN state || jsonb_strip_nulls(jsonb_build_object(
       'status', CASE WHEN event ->> 'effect' IN ('completed', 'refunded') THEN 'completed'
                      WHEN event ->> 'effect' = 'failed' THEN 'failed' END,

@@ -1,4 +1,11 @@
-CREATE FUNCTION billguard.bill_customer(customer_id text, billing_period text,
+-- Claims (customer, period) once: with its period amount when there is
+-- one, else the account's fixed amount; an amount of zero or under Stripe's
+-- minimum is claimed below_minimum and never sent. The locks, in this
+-- order: the period's, shared (exclusive against bill_period), then the
+-- account's row FOR UPDATE, which a write of the customer's period amount
+-- waits for (and the other way round): the amount read after them is the
+-- one the record freezes.
+CREATE OR REPLACE FUNCTION billguard.bill_customer(customer_id text, billing_period text,
                                         request_id text DEFAULT NULL)
   RETURNS TABLE (status text, idempotency_key text, charge_id text)
   LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -9,6 +16,7 @@ DECLARE
   key      text;
   existing record;
   account  billguard.accounts;
+  charge   record;
   claimed_at timestamptz;
 BEGIN
   IF customer IS NULL THEN
@@ -29,8 +37,11 @@ BEGIN
                         existing.charge_id;
     RETURN;
   END IF;
+  PERFORM billguard.check_claim_isolation('bill_customer');
 
-  SELECT * INTO account FROM billguard.accounts a WHERE a.customer_id = customer;
+  -- Shared with other single claims, exclusive against bill_period (see there).
+  PERFORM pg_advisory_xact_lock_shared(billguard.period_lock_class(), hashtext(period));
+  SELECT * INTO account FROM billguard.accounts a WHERE a.customer_id = customer FOR UPDATE;
   IF NOT FOUND THEN
     RAISE EXCEPTION 'customer % is not in billguard.accounts', quote_literal(left(customer, 64))
       USING ERRCODE = 'foreign_key_violation';
@@ -39,19 +50,27 @@ BEGIN
     RAISE EXCEPTION 'customer % is not active', quote_literal(customer)
       USING ERRCODE = 'invalid_parameter_value';
   END IF;
-
-  -- Shared with other single claims, exclusive against bill_period (see there).
-  PERFORM pg_advisory_xact_lock_shared(billguard.period_lock_class(), hashtext(period));
+  SELECT * INTO charge FROM billguard.period_charge(account, period);
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'customer % has nothing to bill for %: its account is usage-only (amount_cents NULL) and billguard.period_amounts has no amount for the period',
+                    quote_literal(customer), period
+      USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Write the period amount first (billguard.period_amounts), then bill the customer.';
+  END IF;
 
   -- The pre-flight claim. A concurrent caller that got there first makes
   -- this insert wait for its commit and then do nothing. No arbiter is
   -- named: the same claim conflicts on the key (billing_records_pk) as well
   -- as on (customer_id, billing_period), and both must mean "taken".
   INSERT INTO billguard.billing_records AS r
-         (customer_id, billing_period, idempotency_key, amount_cents, currency,
-          stripe_customer, payment_method, request_id)
-  VALUES (customer, period, key, account.amount_cents, account.currency,
-          account.stripe_customer, account.payment_method, bill_customer.request_id)
+         (customer_id, billing_period, idempotency_key, status, next_attempt_at, amount_cents,
+          currency, stripe_customer, payment_method, request_id, description, metadata,
+          stripe_account, application_fee_cents)
+  VALUES (customer, period, key, charge.status,
+          CASE WHEN charge.status = 'pending' THEN now() END, charge.amount_cents,
+          charge.currency, account.stripe_customer, account.payment_method,
+          bill_customer.request_id, charge.description, charge.metadata, account.stripe_account,
+          account.application_fee_cents)
   ON CONFLICT DO NOTHING
   RETURNING r.created_at INTO claimed_at;
   IF NOT FOUND THEN
@@ -66,8 +85,15 @@ BEGIN
   -- The record is new, so its entity has no events yet: seq_nr 1.
   INSERT INTO billguard.journal (persistence_id, seq_nr, customer_id, event_type, event)
   VALUES ('billing-' || customer || '-' || period, 1, customer, 'BillingInitiated',
-          billguard.billing_initiated_event(customer, period, key, account.amount_cents,
-                                            account.currency, claimed_at, bill_customer.request_id));
+          billguard.billing_initiated_event(customer, period, key, charge.amount_cents,
+                                            charge.currency, claimed_at, bill_customer.request_id));
+  IF charge.status = 'below_minimum' THEN
+    INSERT INTO billguard.journal (persistence_id, seq_nr, customer_id, event_type, event)
+    VALUES ('billing-' || customer || '-' || period, 2, customer, 'BillingBelowMinimum',
+            billguard.below_minimum_event(charge.amount_cents, charge.currency));
+    RETURN QUERY SELECT 'below_minimum'::text, key, NULL::text;
+    RETURN;
+  END IF;
   PERFORM billguard.wake_dispatcher();
   RETURN QUERY SELECT 'initiated'::text, key, NULL::text;
 END $$;

@@ -7,5 +7,6 @@ CREATE OR REPLACE FUNCTION billguard.caller_status(record_status text) RETURNS t
     WHEN 'failed' THEN 'failed'
     WHEN 'blocked' THEN 'blocked'
     WHEN 'cancelled' THEN 'cancelled'
+    WHEN 'below_minimum' THEN 'below_minimum'
     ELSE 'in_progress'   -- pending, dispatching, unknown, needs_review
   END;

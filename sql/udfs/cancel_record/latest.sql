@@ -1,5 +1,7 @@
--- Cancels the record of (customer_id, billing_period) if it was never sent;
--- cancelling a cancelled record again changes nothing. Wakes nothing.
+-- Cancels the record of (customer_id, billing_period) if it was never sent
+-- (pending and never claimed by a dispatcher, or below_minimum); cancelling
+-- a cancelled record again changes nothing. Its period amount may then be
+-- corrected, and the record claimed again (reclaim_record). Wakes nothing.
 CREATE OR REPLACE FUNCTION billguard.cancel_record(customer_id text, billing_period text)
   RETURNS text
   LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -16,6 +18,13 @@ BEGIN
       USING ERRCODE = 'no_data_found';
   END IF;
   IF rec.status = 'cancelled' THEN
+    RETURN 'cancelled';
+  END IF;
+  IF rec.status = 'below_minimum' THEN
+    UPDATE billguard.billing_records r SET status = 'cancelled', updated_at = now()
+     WHERE r.idempotency_key = rec.idempotency_key;
+    PERFORM billguard.append_billing_event(rec.customer_id, rec.billing_period, 'BillingCancelled',
+      jsonb_build_object('previous_status', rec.status, 'reason', 'cancel_record', 'by', session_user));
     RETURN 'cancelled';
   END IF;
   IF rec.status <> 'pending' OR rec.first_dispatched_at IS NOT NULL THEN

@@ -15,13 +15,15 @@
 --             has no first_dispatched_at), or the scheduler claimed it
 --             late (search_first_reason: a charge an earlier system
 --             made for it may be one whose key Stripe has pruned).
+-- stripe_account is the Connect account the record charges on (its
+-- Stripe-Account header), NULL for the platform's own.
 -- Whatever the statistics say, the queue is read in due order from its
 -- index and each claimed row is updated through its primary key.
 CREATE OR REPLACE FUNCTION billguard.claim_due_records(max_rows integer, lease interval,
                                             idempotency_window interval, endpoint text)
   RETURNS TABLE (idempotency_key text, attempt integer, action text, customer_id text,
                  billing_period text, stripe_endpoint text, request_body text,
-                 unknown_cycles integer)
+                 unknown_cycles integer, stripe_account text)
   LANGUAGE plpgsql
   SET search_path = pg_catalog, pg_temp
   SET enable_seqscan = off
@@ -56,11 +58,12 @@ BEGIN
            request_body = coalesce(r.request_body,
              billguard.charge_request_body(endpoint, r.idempotency_key, r.customer_id,
                                            r.billing_period, r.amount_cents, r.currency,
-                                           r.stripe_customer, r.payment_method))
+                                           r.stripe_customer, r.payment_method, r.description,
+                                           r.metadata, r.application_fee_cents))
       FROM due
      WHERE r.idempotency_key = due.idempotency_key
     RETURNING r.idempotency_key, r.attempts, r.customer_id, r.billing_period,
-              r.stripe_endpoint, r.request_body, r.unknown_cycles,
+              r.stripe_endpoint, r.request_body, r.unknown_cycles, r.stripe_account,
               CASE WHEN due.status = 'unknown'
                      OR least(due.created_at, due.first_dispatched_at) < now() - idempotency_window
                      OR due.search_first_reason IS NOT NULL
@@ -76,6 +79,6 @@ BEGIN
      CROSS JOIN LATERAL (SELECT 'billing-' || c.customer_id || '-' || c.billing_period AS id) p
   )
   SELECT c.idempotency_key, c.attempts, c.action, c.customer_id, c.billing_period,
-         c.stripe_endpoint, c.request_body, coalesce(c.unknown_cycles, 0)::integer
+         c.stripe_endpoint, c.request_body, coalesce(c.unknown_cycles, 0)::integer, c.stripe_account
     FROM claimed c;
 END $$;

@@ -8,14 +8,16 @@ CREATE OR REPLACE FUNCTION billguard.keep_user_currency() RETURNS trigger
   AS $$
 BEGIN
   IF TG_OP = 'INSERT' THEN
-    UPDATE billguard.currencies c SET minor_units = NEW.minor_units
+    UPDATE billguard.currencies c
+       SET minor_units = NEW.minor_units, min_charge_units = NEW.min_charge_units
      WHERE c.code = NEW.code AND c.builtin;
     IF FOUND THEN
       RETURN NULL;
     END IF;
     NEW.builtin := false;
   ELSE
-    NEW.builtin := OLD.builtin AND NEW.code = OLD.code AND NEW.minor_units = OLD.minor_units;
+    NEW.builtin := OLD.builtin AND NEW.code = OLD.code AND NEW.minor_units = OLD.minor_units
+                   AND NEW.min_charge_units IS NOT DISTINCT FROM OLD.min_charge_units;
   END IF;
   RETURN NEW;
 END $$;

@@ -13,7 +13,7 @@ BEGIN
     -- claimed before amounts were capped hold.
     SELECT st.status, count(r.status), coalesce(sum(r.amount_cents), 0), r.currency
       FROM unnest(ARRAY['pending', 'dispatching', 'unknown', 'needs_review', 'completed',
-                        'failed', 'blocked', 'cancelled']) WITH ORDINALITY AS st (status, position)
+                        'failed', 'blocked', 'cancelled', 'below_minimum']) WITH ORDINALITY AS st (status, position)
       LEFT JOIN billguard.billing_records r
         ON r.status = st.status AND r.billing_period = period_status.billing_period
      GROUP BY st.status, st.position, r.currency

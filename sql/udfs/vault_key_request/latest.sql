@@ -41,8 +41,7 @@ BEGIN
   END IF;
   SELECT coalesce(sum(r.amount_cents), 0),
          array_agg(DISTINCT coalesce(r.stripe_endpoint, vault_key_request.endpoint)),
-         array_agg(DISTINCT (to_jsonb(r) ->> 'stripe_account') COLLATE "C")
-           FILTER (WHERE to_jsonb(r) ->> 'stripe_account' IS NOT NULL)
+         array_agg(DISTINCT r.stripe_account COLLATE "C") FILTER (WHERE r.stripe_account IS NOT NULL)
     INTO total, endpoints, accounts
     FROM billguard.billing_records r
    WHERE r.billing_period = vault_key_request.billing_period AND r.currency = vault_key_request.currency
