@@ -484,6 +484,12 @@ class Dispatcher {
       // come after a new key was obtained.
       vault_keys_.ForgetExpired(claimed.billing_period, ChargeCurrency(claimed.body),
                                 answered.vault_key_id);
+    } else if (outcome == Outcome::kPaused && vault_keys_.through_proxy() && !judged.search &&
+               judged.charge.error_code == "stripe_account_not_allowed" &&
+               vault_keys_.ForgetForAccount(claimed.billing_period, ChargeCurrency(claimed.body),
+                                            answered.vault_key_id)) {
+      // As for an expired key: recorded as not counted and due now, and
+      // sent again with a key whose budget names the record's account.
     } else if (outcome == Outcome::kPaused) {
       Pause(vault_keys_.through_proxy()
                 ? "the proxy refused the vault key of " + claimed.billing_period + " (HTTP " +

@@ -86,6 +86,8 @@ std::string VaultKeys::Load() {
   through_proxy_ = settings::vault_issuer_token_file[0] != '\0';
   keys_.clear();
   asking_.clear();
+  rekeying_for_accounts_.clear();
+  keys_for_accounts_.clear();
   asking_by_budget_.clear();
   if (through_proxy_) {
     const IssuerTokenResult loaded = LoadIssuerToken(settings::vault_issuer_token_file);
@@ -167,8 +169,26 @@ VaultKeyAnswer VaultKeys::TakeAnswer(const HttpResponse& response, HttpClient& h
   StoreVaultCredential(settings::api_base, asking.period, asking.currency, credential);
   Log("obtained vault key " + credential.key_id + " for " + asking.period + ", cap " +
       credential.cap_text);
+  if (rekeying_for_accounts_.erase(Budget(asking.period, asking.currency)) != 0) {
+    keys_for_accounts_.insert(credential.key_id);
+  }
   keys_[Budget(asking.period, asking.currency)] = std::move(credential);
   return {};
+}
+
+bool VaultKeys::ForgetForAccount(const std::string& period, const std::string& currency,
+                                 const std::string& key_id) {
+  if (keys_for_accounts_.count(key_id) != 0) return false;
+  const std::string budget = Budget(period, currency);
+  const auto found = keys_.find(budget);
+  if (found == keys_.end() || found->second.key_id != key_id) return true;  // replaced already
+  Log("the proxy refused a connected account to the vault key " + key_id + " of " + period +
+      (currency == "usd" ? "" : " in " + currency) +
+      " (a record of it claimed after the key was obtained); obtaining a new one naming it");
+  ForgetVaultCredential(settings::api_base, period, currency, key_id);
+  keys_.erase(found);
+  rekeying_for_accounts_.insert(budget);
+  return true;
 }
 
 void VaultKeys::ForgetExpired(const std::string& period, const std::string& currency,

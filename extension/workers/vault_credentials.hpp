@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace billguard {
 
@@ -95,6 +96,15 @@ class VaultKeys {
   // was obtained already since the request was sent with `key_id`.
   void ForgetExpired(const std::string& period, const std::string& currency,
                      const std::string& key_id);
+  // A key the proxy refused for a connected account its budget does not
+  // name (403 stripe_account_not_allowed: a record of that account claimed
+  // after the key was obtained) is forgotten the same way: the next key's
+  // request names every account of the period's records of the currency,
+  // which the budget then allows. False, and nothing forgotten, when the
+  // refused key was itself obtained so: the account is refused for another
+  // reason, which a person must see (the caller pauses).
+  bool ForgetForAccount(const std::string& period, const std::string& currency,
+                        const std::string& key_id);
   // "the period's vault cap is 110.00 EUR (vault key K)", for a blocked record.
   std::string DescribeCap(const std::string& period, const std::string& currency) const;
 
@@ -119,6 +129,10 @@ class VaultKeys {
   std::unordered_map<std::string, VaultCredential> keys_;  // by Budget(period, currency)
   std::unordered_map<std::uint64_t, PendingAsk> asking_;   // by tag
   std::unordered_map<std::string, std::uint64_t> asking_by_budget_;
+  // Budgets whose key was forgotten for an account refusal: the next key
+  // obtained for one is recorded in keys_for_accounts_.
+  std::unordered_set<std::string> rekeying_for_accounts_;
+  std::unordered_set<std::string> keys_for_accounts_;
   std::uint64_t next_tag_ = 1;
 };
 
