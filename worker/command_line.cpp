@@ -26,7 +26,7 @@ const char* const kUsage =
     "  --listen HOST:PORT        address to serve (PORT 0: any free port); prints\n"
     "                            \"listening on HOST:PORT\" once it accepts connections\n"
     "  --database CONNINFO       libpq connection string of the database that holds\n"
-    "                            the ledger (CREATE EXTENSION billguard, 0.2.0 or later)\n"
+    "                            the ledger (CREATE EXTENSION billguard, 0.3.0 or later)\n"
     "  --upstream URL            the Stripe API, e.g. https://api.stripe.com\n"
     "                            (http:// only to a loopback host)\n"
     "  --upstream-key-file PATH  the real Stripe key (sk_... or rk_...)\n"
