@@ -21,7 +21,7 @@ BEGIN
   END IF;
   IF amount IS NULL OR amount <= 0 OR amount * scale <> trunc(amount * scale) OR amount * scale > 1e15 THEN
     RAISE EXCEPTION '% must be a positive amount of whole % (% decimals) up to % %, got %',
-                    what, upper(currency), log(scale)::integer, 1e15 / scale, upper(currency),
+                    what, upper(currency), log(scale)::integer, (1e15 / scale)::bigint, upper(currency),
                     coalesce(amount::text, 'NULL')
       USING ERRCODE = 'invalid_parameter_value';
   END IF;
