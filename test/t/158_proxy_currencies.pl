@@ -15,7 +15,8 @@
 #     with the account; a bad shape is 400; Stripe-Context is 400; the same
 #     Idempotency-Key on the platform and on a connected account is two
 #     requests, each replayed from its own account's answer; a second key
-#     naming more accounts widens the budget's list, never its cap;
+#     naming more accounts widens the budget's list, never its cap; a
+#     connected account's reservation in doubt is looked up on its account;
 #   - the dispatcher's request for a period's budget in a currency
 #     (billguard.vault_key_request) names the currency, a cap of that
 #     currency's claimed total x headroom in its own unit, and the connected
@@ -155,11 +156,22 @@ my $upstream = RawHttpServer->start(sub {
 	close $log;
 	my ($account) = $head =~ /^Stripe-Account: (\S+)\r?$/mi;
 	my ($idem) = $head =~ /^Idempotency-Key: (\S+)\r?$/mi;
+	# A charge whose outcome is unknown (a 500), that Stripe holds on acct_A1
+	# only: found by its search and fetched, on that account.
+	my $doubt = qq({"id":"pi_doubt","object":"payment_intent","status":"succeeded","amount":50,"currency":"usd",)
+	  . qq("customer":"cus_proxy","metadata":{"billguard_key":"bk_doubt"}});
+	return (500, '{"error":{"type":"api_error","message":"boom"}}', 'req_500') if ($idem // '') eq 'doubt-1';
+	if ($head =~ m{^GET /v1/payment_intents/search}) {
+		return (200, '{"object":"search_result","data":[' . (($account // '') eq 'acct_A1' ? $doubt : '')
+		  . '],"has_more":false}', 'req_search');
+	}
+	return (200, $doubt, 'req_fetch') if $head =~ m{^GET /v1/payment_intents/pi_doubt} && ($account // '') eq 'acct_A1';
 	my $id = 'pi_' . ($account // 'platform') . '_' . ($idem // 'none') =~ s/\W/_/gr;
 	return (200, qq({"id":"$id","object":"payment_intent","status":"succeeded","amount":50,"currency":"usd"}),
 		"req_$id");
 });
-my $connect = ProxyHarness->start(conninfo => $node->connstr('postgres'), upstream => $upstream->url(''));
+my $connect = ProxyHarness->start(conninfo => $node->connstr('postgres'), upstream => $upstream->url(''),
+	args => [ '--upstream-timeout', '1', '--reconcile-after', '2' ]);
 my $k = $connect->issue_key(billing_period => '2027-02', period_usd_cap => 10, stripe_accounts => ['acct_A1']);
 is(join(',', @{ $k->{stripe_accounts} }), 'acct_A1', 'POST /keys names the accounts the budget may spend on');
 my $on_a1 = $connect->charge_on('acct_A1', $k->{vault_key}, 'connect-1');
@@ -200,6 +212,17 @@ is(join(',', @{ $wider->{stripe_accounts} }), 'acct_A1,acct_C3', "a second key's
 is($connect->charge_on('acct_C3', $k->{vault_key}, 'connect-5')->{status}, 200, '... for every key of the budget');
 is(error_of($connect->request_key(billing_period => '2027-03', stripe_accounts => ['acct_x-y'])),
 	'400 invalid_request_error', 'an account id of a bad shape at POST /keys is 400');
+
+# A 500 on acct_A1: the reservation stays in doubt, and the reconciler looks
+# it up at Stripe on acct_A1, where the charge is.
+is($connect->charge_on('acct_A1', $k->{vault_key}, 'doubt-1', 'metadata[billguard_key]' => 'bk_doubt')->{status}, 500,
+	'a charge on acct_A1 answered 500: its outcome is unknown');
+ok(wait_until('the reconciler to settle doubt-1', 30, sub {
+	$node->q1(q{SELECT status || ' ' || charge_id FROM billguard.vault_reservations WHERE idempotency_key = 'doubt-1'})
+	  eq 'settled pi_doubt' }), "the reconciler settles it with the charge it found on acct_A1");
+my @lookups = grep { m{^GET /v1/payment_intents/(search|pi_doubt)} } split /\n\n/, slurp_file($heads->filename);
+ok(@lookups >= 2 && !grep({ !/^Stripe-Account: acct_A1\r?$/mi } @lookups),
+	'... having searched and fetched with Stripe-Account: acct_A1') or diag explain \@lookups;
 
 # ---- what the dispatcher asks for (billguard.vault_key_request) ---------------------------
 
