@@ -16,7 +16,8 @@
 #     budget at its cap (the proxy's 409); another period gets its own, and
 #     so does each currency: a EUR record pauses the dispatcher while the
 #     proxy has no EUR ceiling for the issuer token, and completes on a EUR
-#     key, within a EUR budget, once it has one;
+#     key, within a EUR budget, once it has one; an expired EUR key is
+#     replaced by one joining the EUR budget at its cap (the 409, in EUR);
 #   - the key is kept where only superusers read it; neither it nor the
 #     issuer token ever reaches the server log.
 use strict;
@@ -171,6 +172,25 @@ is($node->q1(q{SELECT string_agg(k.currency, ',' ORDER BY k.currency) FROM billg
 is($node->q1(q{SELECT string_agg(event ->> 'billing_period' || coalesce(':' || (event ->> 'currency'), ''), ',' ORDER BY seq_nr)
                  FROM billguard.journal WHERE event_type = 'VaultKeyIssued'}), '2026-08,2026-08,2026-09,2026-09:eur',
 	'one key per period and currency (and the renewed one)');
+
+# The EUR key expires, and a EUR record claimed since asks a new one for a
+# larger total: the proxy's 409 names the EUR budget's cap, in EUR, and the
+# new key joins it there.
+$node->q1(q{UPDATE billguard.vault_keys SET expires_at = now() - interval '1 second' WHERE currency = 'eur'});
+$node->q1(q{
+	INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method)
+	VALUES ('cust_eur_late', 'cus_eur_late', 100, 'eur', 'pm_card_visa')});
+is($node->bill('cust_eur_late', '2026-09'), 'initiated', 'a EUR record once the EUR key has expired');
+ok($node->wait_until_settled('2026-09'), '... is billed');
+is($node->status_of('cust_eur_late', '2026-09'), 'completed', '... completed');
+is($node->q1(q{SELECT count(*) || ' ' || count(DISTINCT (vendor, billing_period, currency))
+                 FROM billguard.vault_keys WHERE billing_period = '2026-09' AND currency = 'eur'}), '2 1',
+	'... with a new EUR key, which joined the one EUR budget');
+is($node->q1(q{SELECT cap_cents || ' ' || committed_cents FROM billguard.vault_budgets
+                WHERE billing_period = '2026-09' AND currency = 'eur'}), '1100 1100', '... at its cap, now spent');
+like(slurp_file($node->logfile),
+	qr/the proxy already has a budget for 2026-09 with a cap of 11\.00 EUR, not the 12\.10 EUR asked/,
+	"... as the log says, in EUR");
 
 # Only superusers read the keys.
 $node->q1('CREATE ROLE billing_app_146 LOGIN; GRANT USAGE ON SCHEMA billguard TO billing_app_146');
