@@ -9,7 +9,8 @@ namespace billguard::proxy {
 const char* const kUsage =
     "usage: billguard-proxy --listen HOST:PORT --database CONNINFO --upstream URL\n"
     "                       --upstream-key-file PATH --admin-token-file PATH\n"
-    "                       [--issuer-token-file PATH --issuer-max-period-usd AMOUNT]\n"
+    "                       [--issuer-token-file PATH --issuer-max-period-usd AMOUNT\n"
+    "                        --issuer-max-period AMOUNT:CURRENCY ...]\n"
     "                       [--webhook-database CONNINFO]\n"
     "                       [--upstream-timeout SECONDS] [--threads N] [--database-pool N]\n"
     "                       [--idempotency-window SECONDS] [--reconcile-after SECONDS]\n"
@@ -25,7 +26,7 @@ const char* const kUsage =
     "  --listen HOST:PORT        address to serve (PORT 0: any free port); prints\n"
     "                            \"listening on HOST:PORT\" once it accepts connections\n"
     "  --database CONNINFO       libpq connection string of the database that holds\n"
-    "                            the ledger (CREATE EXTENSION billguard, 0.2.0 or later)\n"
+    "                            the ledger (CREATE EXTENSION billguard, 0.3.0 or later)\n"
     "  --upstream URL            the Stripe API, e.g. https://api.stripe.com\n"
     "                            (http:// only to a loopback host)\n"
     "  --upstream-key-file PATH  the real Stripe key (sk_... or rk_...)\n"
@@ -35,13 +36,19 @@ const char* const kUsage =
     "                            billing database's dispatcher asks for: vendor\n"
     "                            stripe, endpoints among /v1/payment_intents,\n"
     "                            /v1/charges and their /search, and a new budget of\n"
-    "                            at most --issuer-max-period-usd (it may join an\n"
+    "                            at most its currency's ceiling (it may join an\n"
     "                            existing budget at its cap); anything else is 403\n"
     "                            issuer_not_allowed. Larger budgets are the admin's\n"
     "  --issuer-max-period-usd AMOUNT\n"
-    "                            required with --issuer-token-file: the largest cap\n"
-    "                            in USD (e.g. 5000.00) of a budget the issuer token\n"
-    "                            creates\n"
+    "                            the largest cap in USD (e.g. 5000.00) of a budget\n"
+    "                            the issuer token creates\n"
+    "  --issuer-max-period AMOUNT:CURRENCY\n"
+    "                            the same in another currency, in its major unit\n"
+    "                            and exact in its minor units (4000.00:eur,\n"
+    "                            600000:jpy, 1500.500:kwd); repeat it per currency.\n"
+    "                            A currency without a ceiling gets no new budget\n"
+    "                            from the issuer token (403 issuer_not_allowed).\n"
+    "                            --issuer-token-file needs at least one ceiling\n"
     "  --webhook-database CONNINFO\n"
     "                            the billing database: serve POST /webhooks/stripe,\n"
     "                            Stripe's webhook deliveries, passed to its\n"
@@ -122,6 +129,33 @@ std::string ParseUsd(const std::string& flag, const std::string& value) {
   return value;
 }
 
+// AMOUNT:CURRENCY of --issuer-max-period: a lower-case ISO 4217 code and a
+// positive decimal with at most three decimals, up to the ledger's largest
+// cap; the ledger checks it against the currency's minor units.
+std::pair<std::string, std::string> ParseCeiling(const std::string& value) {
+  const std::size_t colon = value.rfind(':');
+  const std::string amount = value.substr(0, colon == std::string::npos ? 0 : colon);
+  const std::string currency = colon == std::string::npos ? "" : value.substr(colon + 1);
+  const std::size_t point = amount.find('.');
+  const std::string whole = amount.substr(0, point);
+  const std::string fraction = point == std::string::npos ? "" : amount.substr(point + 1);
+  const auto only = [](const std::string& text, const char* allowed) {
+    return text.find_first_not_of(allowed) == std::string::npos;
+  };
+  const bool valid = currency.size() == 3 && only(currency, "abcdefghijklmnopqrstuvwxyz") &&
+                     !whole.empty() && whole.size() <= 16 && only(whole, "0123456789") &&
+                     only(fraction, "0123456789") &&
+                     (point == std::string::npos || (!fraction.empty() && fraction.size() <= 3)) &&
+                     std::strtod(amount.c_str(), nullptr) > 0;
+  if (!valid) {
+    throw UsageError(
+        "--issuer-max-period must be AMOUNT:CURRENCY, a positive amount in the currency's major "
+        "unit and its lower-case ISO 4217 code (4000.00:eur, 600000:jpy), got \"" +
+        value + "\"");
+  }
+  return {currency, amount};
+}
+
 }  // namespace
 
 Options ParseCommandLine(int argc, char** argv) {
@@ -144,6 +178,7 @@ Options ParseCommandLine(int argc, char** argv) {
                                          "--database-pool",
                                          "--webhook-database",
                                          "--issuer-max-period-usd",
+                                         "--issuer-max-period",
                                          "--idempotency-window",
                                          "--reconcile-after",
                                          "--issuer-max-key-days",
@@ -156,6 +191,13 @@ Options ParseCommandLine(int argc, char** argv) {
     for (const char* name : kFlags) known = known || flag == name;
     if (!known) throw UsageError("unknown option " + flag);
     if (i + 1 >= argc) throw UsageError(flag + " needs a value");
+    if (flag == "--issuer-max-period") {
+      const auto [currency, amount] = ParseCeiling(argv[++i]);
+      if (!options.issuer_max_period.emplace(currency, amount).second) {
+        throw UsageError("--issuer-max-period names " + currency + " twice");
+      }
+      continue;
+    }
     if (values.count(flag) != 0) throw UsageError(flag + " is given twice");
     values[flag] = argv[++i];
   }
@@ -176,15 +218,23 @@ Options ParseCommandLine(int argc, char** argv) {
   options.admin_token_file = values["--admin-token-file"];
   if (values.count("--issuer-token-file") != 0) {
     options.issuer_token_file = values["--issuer-token-file"];
-    if (values.count("--issuer-max-period-usd") == 0) {
+    if (values.count("--issuer-max-period-usd") == 0 && options.issuer_max_period.empty()) {
       throw UsageError(
-          "--issuer-token-file needs --issuer-max-period-usd, the largest budget the issuer token "
-          "may create");
+          "--issuer-token-file needs --issuer-max-period-usd or --issuer-max-period, the largest "
+          "budget the issuer token may create (per currency)");
     }
-    options.issuer_max_period_usd =
-        ParseUsd("--issuer-max-period-usd", values["--issuer-max-period-usd"]);
+    if (values.count("--issuer-max-period-usd") != 0) {
+      options.issuer_max_period_usd =
+          ParseUsd("--issuer-max-period-usd", values["--issuer-max-period-usd"]);
+      if (options.issuer_max_period.count("usd") != 0) {
+        throw UsageError(
+            "--issuer-max-period-usd and --issuer-max-period AMOUNT:usd both name USD");
+      }
+    }
   } else if (values.count("--issuer-max-period-usd") != 0) {
     throw UsageError("--issuer-max-period-usd is for --issuer-token-file, which is not given");
+  } else if (!options.issuer_max_period.empty()) {
+    throw UsageError("--issuer-max-period is for --issuer-token-file, which is not given");
   }
   if (values.count("--webhook-database") != 0)
     options.webhook_database = values["--webhook-database"];

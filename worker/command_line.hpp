@@ -1,6 +1,7 @@
 // billguard-proxy's command line.
 #pragma once
 
+#include <map>
 #include <stdexcept>
 #include <string>
 
@@ -15,8 +16,14 @@ struct Options {
   std::string admin_token_file;
   std::string issuer_token_file;  // empty: only the admin token issues keys
   // The largest new budget (USD, e.g. 5000.00) the issuer token may create;
-  // required with issuer_token_file.
+  // empty: none in USD unless issuer_max_period names usd.
   std::string issuer_max_period_usd;
+  // --issuer-max-period AMOUNT:CURRENCY: the largest new budget the issuer
+  // token may create in each currency named (lower-case ISO code -> amount
+  // in its major unit). A currency named neither here nor, for USD, by
+  // issuer_max_period_usd gets no new budget from the issuer token. One of
+  // the two is required with issuer_token_file.
+  std::map<std::string, std::string> issuer_max_period;
   std::string webhook_database;  // empty: POST /webhooks/stripe is not served
   int upstream_timeout_s = 20;
   int threads = 64;  // requests decided at once (worker threads)

@@ -14,15 +14,29 @@ bool Printable(const std::string& text) {
 
 }  // namespace
 
+ForwardedHeaders ForwardedHeaders::OnAccount(const std::optional<std::string>& stripe_account) {
+  ForwardedHeaders headers;
+  headers.stripe_account_ = stripe_account;
+  return headers;
+}
+
 ForwardedHeaders ForwardedHeaders::Of(const Request& request) {
-  for (const char* other_account : {"Stripe-Account", "Stripe-Context"}) {
-    if (request.has_header(other_account)) {
-      throw BadRequest(400, "header_not_allowed",
-                       std::string("the spend-cap proxy charges its own Stripe account only: ") +
-                           other_account + " is not taken");
-    }
+  if (request.has_header("Stripe-Context")) {
+    throw BadRequest(400, "header_not_allowed",
+                     "the spend-cap proxy acts on its own Stripe account and on the connected "
+                     "accounts a budget names (Stripe-Account): Stripe-Context is not taken");
   }
   ForwardedHeaders headers;
+  if (request.has_header("Stripe-Account")) {
+    static const std::regex kAccount("acct_[A-Za-z0-9]{1,250}");
+    const std::string account = request.get_header_value("Stripe-Account");
+    if (!std::regex_match(account, kAccount)) {
+      throw BadRequest(400, "stripe_account_invalid",
+                       "Stripe-Account must be a connected account id such as "
+                       "acct_1Nv0FGQ9RKHgCVdK");
+    }
+    headers.stripe_account_ = account;
+  }
   if (request.has_header("Idempotency-Key")) {
     const std::string key = request.get_header_value("Idempotency-Key");
     const bool blank = key.find_first_not_of(' ') == std::string::npos;

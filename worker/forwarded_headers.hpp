@@ -1,6 +1,7 @@
 // What of a client's headers reaches Stripe: an allowlist the proxy builds,
-// never the client's lines. Idempotency-Key and Stripe-Version are checked
-// here; the proxy adds its own Authorization and Content-Type
+// never the client's lines. Idempotency-Key, Stripe-Version and
+// Stripe-Account are checked here; the proxy adds its own Authorization and
+// Content-Type
 // (upstream.hpp). Every other header of the client stays here.
 #pragma once
 
@@ -17,20 +18,28 @@ class ForwardedHeaders {
   // None of the client's: for a request the proxy makes of its own.
   ForwardedHeaders() = default;
 
+  // For a look-up of the proxy's own on a connected account (absent: the
+  // platform's): Stripe-Account alone.
+  static ForwardedHeaders OnAccount(const std::optional<std::string>& stripe_account);
+
   // Throws BadRequest: an Idempotency-Key that is not 1-255 printable
   // ASCII characters or is blank, a Stripe-Version that is not a version
-  // (2024-06-20, 2025-03-31.basil), or a header that makes Stripe act on
-  // another account than the one the budget counts (Stripe-Account,
-  // Stripe-Context), which dropping would turn into a charge on this one.
+  // (2024-06-20, 2025-03-31.basil), a Stripe-Account that is not an
+  // account id (acct_ and letters or digits), or Stripe-Context, which
+  // makes Stripe act on an account the ledger cannot name, and which
+  // dropping would turn into a charge on the platform's. Whether the
+  // account is one the key's budget may spend on is the ledger's decision.
   static ForwardedHeaders Of(const Request& request);
 
   // Absent: the client sent none.
   const std::optional<std::string>& idempotency_key() const { return idempotency_key_; }
   const std::optional<std::string>& stripe_version() const { return stripe_version_; }
+  const std::optional<std::string>& stripe_account() const { return stripe_account_; }
 
  private:
   std::optional<std::string> idempotency_key_;
   std::optional<std::string> stripe_version_;
+  std::optional<std::string> stripe_account_;
 };
 
 // Whether a request may move money without an amount the ledger counts,

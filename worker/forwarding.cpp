@@ -101,7 +101,8 @@ void HandleStripeRequest(ProxyContext& context, const Request& req, Response& re
   const UpstreamAnswer answer = ReadUpstreamAnswer(response);
   if (authorization.reserves()) {
     // Kept until the database takes it, should it not now (ledger.hpp).
-    context.ledger.Settle(authorization.key_id, idempotency_key, authorization.attempt, answer);
+    context.ledger.Settle(authorization.key_id, idempotency_key, authorization.attempt, answer,
+                          headers.stripe_account());
   }
   if (response.status == 0) {
     res.set_header("Stripe-Should-Retry", "true");

@@ -3,10 +3,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cctype>
 
 #include "credentials.hpp"
 #include "stripe_errors.hpp"
+#include "stripe_response.hpp"
 #include "vault_key_request.hpp"
 
 namespace billguard::proxy {
@@ -30,9 +32,10 @@ void Error(Response& res, int status, const std::string& message) {
              StripeErrorBody(status >= 500 ? "api_error" : "invalid_request_error", "", message));
 }
 
-// A USD amount as decimal text for numeric. nlohmann writes integers as they
+// An amount as decimal text for numeric. nlohmann writes integers as they
 // are and other numbers in the shortest form that reads back as the same
-// double, so 54890.1 stays 54890.1; the ledger refuses what is not whole cents.
+// double, so 54890.1 stays 54890.1; the ledger refuses what is not exact in
+// the currency's minor units.
 std::string DecimalText(const json& value) {
   return value.dump();
 }
@@ -55,33 +58,43 @@ void WithLedger(Response& res, Fn&& fn) {
 }
 
 // A 409 of POST /keys: the period's budget exists with another cap. The
-// answer names that cap in cents (code budget_cap_differs, cap_cents), so
-// an issuer that lost its key (a restored database, more records claimed
-// since) can join the budget at its cap instead of stalling; only the
-// admin raises a cap.
+// answer names that cap in the currency's smallest unit (code
+// budget_cap_differs, cap_cents), so an issuer that lost its key (a
+// restored database, more records claimed since) can join the budget at its
+// cap instead of stalling; only the admin raises a cap.
 void AnswerCapDiffers(Response& res, const LedgerError& e) {
   const std::string message = e.what();
   json error = json::parse(StripeErrorBody(e.type, kBudgetCapDiffers, message))["error"];
-  // The ledger's message (vault_issue_key): "... already has a cap of 55.00 USD".
+  // The ledger's message (vault_issue_key): "... already has a cap of 55.00
+  // USD", "... of 5000 JPY", "... of 1.250 KWD": written with exactly the
+  // currency's decimals, so its digits are the cap in the smallest unit.
   const std::string marker = "already has a cap of ";
   const std::size_t at = message.find(marker);
-  long long cents = 0;
+  long long units = 0;
   std::size_t digits = 0;
   bool point = false;
-  for (std::size_t i = at == std::string::npos ? message.size() : at + marker.size();
-       i < message.size(); ++i) {
+  std::size_t i = at == std::string::npos ? message.size() : at + marker.size();
+  for (; i < message.size(); ++i) {
     const char c = message[i];
-    if (c == '.' && !point) {
+    if (c == '.' && !point && digits > 0) {
       point = true;
-    } else if (std::isdigit(static_cast<unsigned char>(c)) && cents < 1000000000000000LL) {
-      cents = cents * 10 + (c - '0');
-      digits += point ? 1 : 0;
+    } else if (std::isdigit(static_cast<unsigned char>(c)) && units < 1000000000000000LL) {
+      units = units * 10 + (c - '0');
+      ++digits;
     } else {
       break;
     }
   }
-  if (point && digits == 2 && cents > 0) error["cap_cents"] = cents;
+  const bool then_code = i + 4 <= message.size() && message[i] == ' ' &&
+                         std::isupper(static_cast<unsigned char>(message[i + 1]));
+  if (then_code && units > 0) error["cap_cents"] = units;
   AnswerJson(res, 409, json{{"error", error}}.dump());
+}
+
+// A lower-case ISO 4217 code; the ledger checks it is one of billguard.currencies.
+bool LooksLikeCurrency(const std::string& code) {
+  return code.size() == 3 &&
+         std::all_of(code.begin(), code.end(), [](char c) { return c >= 'a' && c <= 'z'; });
 }
 
 void AnswerStatus(ProxyContext& context, Response& res, const std::string& key_id) {
@@ -100,26 +113,57 @@ void IssueKey(ProxyContext& context, const Request& req, Response& res) {
   const json body = json::parse(req.body, nullptr, false);
   KeyRequest key;
   key.livemode = context.livemode;
-  if (role == Role::kIssuer) key.issuer_max_period_usd = context.issuer_max_period_usd;
   const auto text = [&](const char* name, std::string* out) {
     if (!body.is_object() || !body.contains(name) || !body[name].is_string()) return false;
     *out = body[name].get<std::string>();
     return true;
   };
+  const auto absent_or = [&](const char* name, bool (json::*is)() const) {
+    return !body.is_object() || !body.contains(name) || (body[name].*is)();
+  };
+  const auto strings = [&](const char* name) {
+    return body.contains(name) && body[name].is_array() &&
+           std::all_of(body[name].begin(), body[name].end(),
+                       [](const json& e) { return e.is_string(); });
+  };
+  const bool has_usd_cap = body.is_object() && body.contains("period_usd_cap");
+  const bool has_cap = body.is_object() && body.contains("period_cap");
   const bool valid = text("vendor", &key.vendor) && text("billing_period", &key.billing_period) &&
-                     text("expires_at", &key.expires_at) && body.contains("period_usd_cap") &&
-                     body["period_usd_cap"].is_number() && body.contains("allowed_endpoints") &&
-                     body["allowed_endpoints"].is_array() &&
-                     std::all_of(body["allowed_endpoints"].begin(), body["allowed_endpoints"].end(),
-                                 [](const json& e) { return e.is_string(); });
+                     text("expires_at", &key.expires_at) && has_usd_cap != has_cap &&
+                     absent_or("period_usd_cap", &json::is_number) &&
+                     absent_or("period_cap", &json::is_number) &&
+                     absent_or("currency", &json::is_string) && strings("allowed_endpoints") &&
+                     (!body.contains("stripe_accounts") || strings("stripe_accounts"));
   if (!valid) {
     return Error(res, 400,
                  "POST /keys takes a JSON object: {\"vendor\": string, \"billing_period\": "
-                 "\"YYYY-MM\", \"period_usd_cap\": number, \"allowed_endpoints\": [string], "
-                 "\"expires_at\": timestamp}");
+                 "\"YYYY-MM\", \"currency\": ISO 4217 code (usd), \"period_usd_cap\": number "
+                 "(USD) or \"period_cap\": number (in the currency), \"allowed_endpoints\": "
+                 "[string], \"stripe_accounts\": [\"acct_...\"] (none), \"expires_at\": "
+                 "timestamp}");
   }
-  key.period_usd_cap = DecimalText(body["period_usd_cap"]);
+  if (body.contains("currency")) key.currency = body["currency"].get<std::string>();
+  if (!LooksLikeCurrency(key.currency)) {
+    return Error(res, 400,
+                 "currency must be a lower-case ISO 4217 code such as usd, eur or jpy, not \"" +
+                     PrintableExcerpt(key.currency, 16) + "\"");
+  }
+  if (has_usd_cap) key.period_usd_cap = DecimalText(body["period_usd_cap"]);
+  if (has_cap) key.period_cap = DecimalText(body["period_cap"]);
   key.allowed_endpoints = body["allowed_endpoints"].get<std::vector<std::string>>();
+  if (body.contains("stripe_accounts")) {
+    key.stripe_accounts = body["stripe_accounts"].get<std::vector<std::string>>();
+  }
+  if (role == Role::kIssuer) {
+    // The operator's ceiling for a new budget in the currency asked; the
+    // ledger refuses a new budget where there is none.
+    key.issuer = true;
+    if (!context.issuer_max_period_usd.empty()) {
+      key.issuer_max_period_usd = context.issuer_max_period_usd;
+    }
+    const auto ceiling = context.issuer_max_period.find(key.currency);
+    if (ceiling != context.issuer_max_period.end()) key.issuer_max_period = ceiling->second;
+  }
   WithLedger(res, [&] {
     NewKey issued;
     try {
@@ -132,12 +176,15 @@ void IssueKey(ProxyContext& context, const Request& req, Response& res) {
       if (e.http_status != 409) throw;
       return AnswerCapDiffers(res, e);
     }
-    AnswerJson(res, 200,
-               json{{"vault_key", issued.vault_key},
-                    {"key_id", issued.key_id},
-                    {"cap_usd", Number(issued.cap_usd)},
-                    {"vendor", issued.vendor}}
-                   .dump());
+    json answer{{"vault_key", issued.vault_key},
+                {"key_id", issued.key_id},
+                {"vendor", issued.vendor},
+                {"currency", issued.currency},
+                {"period_cap", Number(issued.cap)},
+                {"cap_cents", issued.cap_cents},
+                {"stripe_accounts", json::parse(issued.stripe_accounts_json)}};
+    if (issued.cap_usd) answer["cap_usd"] = Number(*issued.cap_usd);
+    AnswerJson(res, 200, answer.dump());
   });
 }
 
@@ -151,12 +198,22 @@ void ManageKey(ProxyContext& context, const Request& req, Response& res) {
   const std::string key_id = req.matches[1];
   if (req.method == "POST") {
     const json body = json::parse(req.body, nullptr, false);
-    if (!body.is_object() || !body.contains("period_usd_cap") ||
-        !body["period_usd_cap"].is_number()) {
-      return Error(res, 400, "POST /keys/{key_id} takes {\"period_usd_cap\": number}");
+    const bool usd = body.is_object() && body.contains("period_usd_cap");
+    const char* field = usd ? "period_usd_cap" : "period_cap";
+    if (!body.is_object() || !body.contains(field) || !body[field].is_number() ||
+        (usd && body.contains("period_cap"))) {
+      return Error(res, 400,
+                   "POST /keys/{key_id} takes {\"period_usd_cap\": number} for a budget in USD "
+                   "or {\"period_cap\": number} in the budget's currency");
     }
     return WithLedger(res, [&] {
-      context.ledger.RaiseCap(key_id, DecimalText(body["period_usd_cap"]));
+      // A cap in USD raises a budget in USD only: the ledger reads the
+      // number in the budget's currency.
+      if (usd && json::parse(context.ledger.KeyStatus(key_id))["currency"] != "usd") {
+        return Error(res, 400,
+                     "the budget of " + key_id + " is not in USD: raise it with period_cap");
+      }
+      context.ledger.RaiseCap(key_id, DecimalText(body[field]));
       AnswerStatus(context, res, key_id);
     });
   }

@@ -20,19 +20,24 @@ void Prepare(pqxx::connection& connection) {
   connection.prepare("authorize",
                      "SELECT decision, http_status, body, key_id, request_id, attempt, "
                      "should_retry FROM billguard.vault_authorize($1::bytea, $2, $3, $4, $5, "
-                     "$6::bigint, $7, $8, $9, make_interval(secs => $10::integer))");
+                     "$6::bigint, $7, $8, $9, make_interval(secs => $10::integer), $11)");
   connection.prepare(
-      "settle", "SELECT billguard.vault_settle($1, $2, $3::integer, $4, $5, $6, $7, $8::integer)");
-  connection.prepare("reconcile",
-                     "SELECT billguard.vault_reconcile($1, $2, $3::integer, $4, $5, $6, $7, $8)");
+      "settle",
+      "SELECT billguard.vault_settle($1, $2, $3::integer, $4, $5, $6, $7, $8::integer, "
+      "$9)");
+  connection.prepare(
+      "reconcile", "SELECT billguard.vault_reconcile($1, $2, $3::integer, $4, $5, $6, $7, $8, $9)");
   connection.prepare("in_doubt",
                      "SELECT key_id, idempotency_key, endpoint, customer, search_key, attempts, "
-                     "reserved_at, last_forwarded_at FROM billguard.vault_reservations_in_doubt("
-                     "make_interval(secs => $1::integer), $2::integer)");
+                     "reserved_at, last_forwarded_at, stripe_account FROM "
+                     "billguard.vault_reservations_in_doubt(make_interval(secs => $1::integer), "
+                     "$2::integer)");
   connection.prepare("issue",
-                     "SELECT vault_key, key_id, cap_usd, vendor FROM billguard.issue_vault_key("
+                     "SELECT vault_key, key_id, cap_usd, vendor, currency, cap, cap_cents, "
+                     "array_to_json(stripe_accounts)::text FROM billguard.issue_vault_key("
                      "$1, $2, $3::numeric, $4::text[], $5::timestamptz, $6::boolean, "
-                     "$7::numeric, $8::integer, $9::integer)");
+                     "$7::numeric, $8::integer, $9::integer, $10, $11::numeric, $12::text[], "
+                     "$13::numeric)");
   connection.prepare("status", "SELECT row_to_json(s)::text FROM billguard.vault_key_status($1) s");
   connection.prepare("revoke", "SELECT billguard.revoke_vault_key($1)");
   connection.prepare("raise", "SELECT billguard.raise_vault_cap($1, $2::numeric)");
@@ -138,7 +143,7 @@ Ledger::Ledger(const std::string& conninfo, std::size_t pool_size, LedgerPolicy 
       settles_(std::make_unique<SettleQueue>(
           [this](const PendingSettle& s) {
             try {
-              SettleNow(s.key_id, s.idempotency_key, s.attempt, s.answer);
+              SettleNow(s.key_id, s.idempotency_key, s.attempt, s.answer, s.stripe_account);
             } catch (const LedgerError& e) {
               // Refused for good (22023, P0002): retrying cannot help.
               if (e.http_status == 500) throw;
@@ -170,12 +175,12 @@ auto Ledger::Call(Fn&& fn, Retry retry) -> decltype(fn(std::declval<pqxx::nontra
 void Ledger::CheckSchema() {
   static const char* const kFunctions[] = {
       "billguard.vault_authorize(bytea, text, text, text, text, bigint, text, text, text, "
-      "interval)",
-      "billguard.vault_settle(text, text, integer, text, text, text, text, integer)",
-      "billguard.vault_reconcile(text, text, integer, text, text, text, text, text)",
+      "interval, text)",
+      "billguard.vault_settle(text, text, integer, text, text, text, text, integer, text)",
+      "billguard.vault_reconcile(text, text, integer, text, text, text, text, text, text)",
       "billguard.vault_reservations_in_doubt(interval, integer)",
       "billguard.issue_vault_key(text, text, numeric, text[], timestamptz, boolean, numeric, "
-      "integer, integer)",
+      "integer, integer, text, numeric, text[], numeric)",
       "billguard.vault_key_status(text)",
       "billguard.revoke_vault_key(text)",
       "billguard.raise_vault_cap(text, numeric)"};
@@ -236,7 +241,7 @@ Authorization Ledger::Authorize(const ForwardedRequest& r) {
     const auto row = pqxx_compat::OnePrepared(
         tx, "authorize", HexBytea(r.secret_sha256), r.method, r.endpoint, OrNull(r.idempotency_key),
         r.request_digest, OrNull(amount), OrNull(r.currency), OrNull(r.customer),
-        OrNull(r.search_key), policy_.idempotency_window_s);
+        OrNull(r.search_key), policy_.idempotency_window_s, OrNull(r.stripe_account));
     Authorization a;
     a.decision = row[0].as<std::string>();
     a.http_status = row[1].is_null() ? 0 : row[1].as<int>();
@@ -245,26 +250,32 @@ Authorization Ledger::Authorize(const ForwardedRequest& r) {
     a.request_id = row[4].is_null() ? "" : row[4].as<std::string>();
     a.attempt = row[5].is_null() ? 0 : row[5].as<int>();
     a.should_retry = !row[6].is_null() && row[6].as<bool>();
-    if (a.decision == "reconcile") a.in_doubt = InDoubtOf(a.body, r.idempotency_key.value_or(""));
+    if (a.decision == "reconcile") {
+      a.in_doubt = InDoubtOf(a.body, r.idempotency_key.value_or(""));
+      a.in_doubt.stripe_account = r.stripe_account;
+    }
     return a;
   });
 }
 
 // Answering an attempt twice changes nothing: safe to retry.
 void Ledger::SettleNow(const std::string& key_id, const std::string& idempotency_key, int attempt,
-                       const UpstreamAnswer& answer) {
+                       const UpstreamAnswer& answer,
+                       const std::optional<std::string>& stripe_account) {
   Call([&](pqxx::nontransaction& tx) {
     return pqxx_compat::OnePrepared(tx, "settle", key_id, idempotency_key, answer.status,
                                     OrNull(answer.error_type), OrNull(answer.charge_id),
-                                    answer.body, OrNull(answer.request_id), attempt);
+                                    answer.body, OrNull(answer.request_id), attempt,
+                                    OrNull(stripe_account));
   });
 }
 
 void Ledger::Settle(const std::string& key_id, const std::string& idempotency_key, int attempt,
-                    const UpstreamAnswer& answer) {
+                    const UpstreamAnswer& answer,
+                    const std::optional<std::string>& stripe_account) {
   std::string why;
   try {
-    return SettleNow(key_id, idempotency_key, attempt, answer);
+    return SettleNow(key_id, idempotency_key, attempt, answer, stripe_account);
   } catch (const LedgerError& e) {
     if (e.http_status != 500) {
       ++counters_.settles_dropped;
@@ -276,7 +287,8 @@ void Ledger::Settle(const std::string& key_id, const std::string& idempotency_ke
   } catch (const DatabaseUnavailable& e) {
     why = e.what();
   }
-  const bool kept = settles_->Keep(PendingSettle{key_id, idempotency_key, attempt, answer});
+  const bool kept =
+      settles_->Keep(PendingSettle{key_id, idempotency_key, attempt, answer, stripe_account});
   std::fprintf(stderr, "billguard-proxy: could not settle %s attempt %d of %s now (%s): %s\n",
                idempotency_key.c_str(), attempt, key_id.c_str(),
                why.substr(0, why.find('\n')).c_str(),
@@ -295,7 +307,7 @@ std::string Ledger::Reconcile(const ReservationInDoubt& r, const Finding& f) {
   return Call([&](pqxx::nontransaction& tx) {
     return pqxx_compat::OnePrepared(tx, "reconcile", r.key_id, r.idempotency_key, r.attempts,
                                     FindingName(f.kind), OrNull(charge_id), OrNull(body),
-                                    OrNull(request_id), f.reason)[0]
+                                    OrNull(request_id), f.reason, OrNull(r.stripe_account))[0]
         .as<std::string>();
   });
 }
@@ -318,6 +330,7 @@ std::vector<ReservationInDoubt> Ledger::ReservationsInDoubt(int max_rows) {
       r.attempts = row[5].as<int>();
       r.reserved_at = row[6].as<double>();
       r.last_forwarded_at = row[7].as<double>();
+      r.stripe_account = optional(row[8]);
       found.push_back(std::move(r));
     }
     return found;
@@ -327,7 +340,7 @@ std::vector<ReservationInDoubt> Ledger::ReservationsInDoubt(int max_rows) {
 // Never retried: had the first run committed, a second key would be
 // issued (its secret never answered to anyone).
 NewKey Ledger::IssueKey(const KeyRequest& r) {
-  const bool issuer = r.issuer_max_period_usd.has_value();
+  const bool issuer = r.issuer;
   const std::optional<std::string> max_days =
       issuer ? std::optional<std::string>(std::to_string(policy_.issuer_max_key_days))
              : std::nullopt;
@@ -337,11 +350,20 @@ NewKey Ledger::IssueKey(const KeyRequest& r) {
   return Call(
       [&](pqxx::nontransaction& tx) {
         const auto row = pqxx_compat::OnePrepared(
-            tx, "issue", r.vendor, r.billing_period, r.period_usd_cap,
+            tx, "issue", r.vendor, r.billing_period, OrNull(r.period_usd_cap),
             TextArray(r.allowed_endpoints), r.expires_at, r.livemode ? "true" : "false",
-            OrNull(r.issuer_max_period_usd), OrNull(max_days), OrNull(months));
-        return NewKey{row[0].as<std::string>(), row[1].as<std::string>(), row[2].as<std::string>(),
-                      row[3].as<std::string>()};
+            OrNull(r.issuer_max_period_usd), OrNull(max_days), OrNull(months), r.currency,
+            OrNull(r.period_cap), TextArray(r.stripe_accounts), OrNull(r.issuer_max_period));
+        NewKey key;
+        key.vault_key = row[0].as<std::string>();
+        key.key_id = row[1].as<std::string>();
+        if (!row[2].is_null()) key.cap_usd = row[2].as<std::string>();
+        key.vendor = row[3].as<std::string>();
+        key.currency = row[4].as<std::string>();
+        key.cap = row[5].as<std::string>();
+        key.cap_cents = row[6].as<long long>();
+        key.stripe_accounts_json = row[7].as<std::string>();
+        return key;
       },
       Retry::kNever);
 }

@@ -54,6 +54,9 @@ struct ForwardedRequest {
   std::optional<std::string> currency;
   std::optional<std::string> customer;
   std::optional<std::string> search_key;  // metadata[billguard_key]
+  // Stripe-Account: the connected account the request acts on; absent for
+  // the platform's own. Its reservation is kept per account.
+  std::optional<std::string> stripe_account;
 };
 
 // What the ledger knows of a reservation whose outcome the proxy must find
@@ -64,9 +67,10 @@ struct ReservationInDoubt {
   std::string endpoint;
   std::optional<std::string> customer;
   std::optional<std::string> search_key;
-  int attempts = 0;              // the attempt count the lookup starts from
-  double reserved_at = 0;        // Unix seconds
-  double last_forwarded_at = 0;  // Unix seconds
+  int attempts = 0;                           // the attempt count the lookup starts from
+  double reserved_at = 0;                     // Unix seconds
+  double last_forwarded_at = 0;               // Unix seconds
+  std::optional<std::string> stripe_account;  // looked up on that account
 };
 
 struct Authorization {
@@ -104,20 +108,31 @@ struct UpstreamAnswer {
 struct NewKey {
   std::string vault_key;
   std::string key_id;
-  std::string cap_usd;  // numeric text, e.g. 54890.10
+  std::optional<std::string> cap_usd;  // numeric text, e.g. 54890.10; for USD only
   std::string vendor;
+  std::string currency;
+  std::string cap;                   // numeric text in the currency's major unit: 5000, 1.250
+  long long cap_cents = 0;           // in the currency's smallest unit
+  std::string stripe_accounts_json;  // the budget's connected accounts, a JSON array
 };
 
 struct KeyRequest {
   std::string vendor;
   std::string billing_period;
-  std::string period_usd_cap;  // numeric text
+  std::string currency = "usd";
+  // One of the two, numeric text: a cap in USD, or in the currency's major unit.
+  std::optional<std::string> period_usd_cap;
+  std::optional<std::string> period_cap;
   std::vector<std::string> allowed_endpoints;
+  std::vector<std::string> stripe_accounts;
   std::string expires_at;  // timestamptz text
   bool livemode = true;
-  // Set for the issuer token's request: the ledger allows it only the
-  // dispatcher's key, and a new budget up to this many USD.
+  // The issuer token's request: the ledger allows it only the dispatcher's
+  // key, and a new budget up to the operator's ceiling for the currency
+  // (none given: no new budget in it).
+  bool issuer = false;
   std::optional<std::string> issuer_max_period_usd;
+  std::optional<std::string> issuer_max_period;  // in the currency asked
 };
 
 // Column name -> text (absent when NULL): a row of vault_spend.
@@ -138,7 +153,7 @@ class Ledger {
   // Never throws: what the database does not take now is kept and retried
   // until it does (settle_queue.hpp).
   void Settle(const std::string& key_id, const std::string& idempotency_key, int attempt,
-              const UpstreamAnswer& answer);
+              const UpstreamAnswer& answer, const std::optional<std::string>& stripe_account);
   // Records a finding (vault_reconcile): settled, released, unknown or stale.
   std::string Reconcile(const ReservationInDoubt& reservation, const Finding& finding);
   // Reserved keys with attempts in doubt and none for reconcile_after_s.
@@ -159,7 +174,7 @@ class Ledger {
   auto Call(Fn&& fn, Retry retry = Retry::kOnce)
       -> decltype(fn(std::declval<pqxx::nontransaction&>()));
   void SettleNow(const std::string& key_id, const std::string& idempotency_key, int attempt,
-                 const UpstreamAnswer& answer);
+                 const UpstreamAnswer& answer, const std::optional<std::string>& stripe_account);
 
   const LedgerPolicy policy_;
   LedgerCounters& counters_;

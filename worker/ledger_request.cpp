@@ -14,12 +14,20 @@ constexpr const char* kSearchKeyParameter = "metadata[billguard_key]";
 }  // namespace
 
 std::string ForwardedDigest(const ParsedRequest& parsed, const ForwardedHeaders& headers) {
-  // Without the header the digest is the parameters' alone; with it, the
-  // version is length-prefixed after them, so no value can pose as another.
+  // Without the headers the digest is the parameters' alone (as before
+  // Stripe-Account was taken, so a ledger's digests stay valid); with them,
+  // each is length-prefixed after them, so no value can pose as another.
   const auto& version = headers.stripe_version();
-  if (!version) return parsed.digest;
-  return Sha256Hex(parsed.digest + "\nStripe-Version:" + std::to_string(version->size()) + ":" +
-                   *version);
+  const auto& account = headers.stripe_account();
+  if (!version && !account) return parsed.digest;
+  std::string digested = parsed.digest;
+  if (version) {
+    digested += "\nStripe-Version:" + std::to_string(version->size()) + ":" + *version;
+  }
+  if (account) {
+    digested += "\nStripe-Account:" + std::to_string(account->size()) + ":" + *account;
+  }
+  return Sha256Hex(digested);
 }
 
 ForwardedRequest LedgerRequest(const ParsedRequest& parsed, const std::string& credential,
@@ -33,6 +41,7 @@ ForwardedRequest LedgerRequest(const ParsedRequest& parsed, const std::string& c
   request.amount_cents = parsed.amount_cents;
   request.currency = parsed.currency;
   request.customer = parsed.customer;
+  request.stripe_account = headers.stripe_account();
   // Given twice, Stripe keeps one of them: which one is not ours to guess.
   int given = 0;
   for (const auto& [name, value] : parsed.parameters) {

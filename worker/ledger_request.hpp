@@ -6,7 +6,8 @@
 // ledger refuses it as Stripe's idempotency_error instead of letting its
 // refusal release the amount an earlier attempt may have charged. A header
 // that joins the forwarded ones and changes Stripe's answer (Stripe-Account
-// would) must join the digest here.
+// does: another account's objects, another account's idempotency) joins
+// the digest here.
 #pragma once
 
 #include <string>

@@ -160,6 +160,7 @@ int main(int argc, char** argv) {
                              admin_token,
                              issuer_token,
                              options.issuer_max_period_usd,
+                             options.issuer_max_period,
                              upstream_key.find("_live_") != std::string::npos};
 
     bp::Router router;

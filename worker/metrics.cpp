@@ -102,9 +102,11 @@ std::string Metrics::Render(const std::vector<Row>* budgets) const {
       << "billguard_proxy_ledger_up " << (budgets != nullptr ? 1 : 0) << "\n";
   if (budgets == nullptr) return out.str();
   static const std::pair<const char*, const char*> kGauges[] = {
-      {"cap_cents", "The budget's spend cap, in cents."},
-      {"settled_cents", "Charges Stripe confirmed against the budget, in cents."},
-      {"reserved_cents", "Charges in flight or of unknown outcome, in cents."}};
+      {"cap_cents", "The budget's spend cap, in its currency's smallest unit (cents)."},
+      {"settled_cents",
+       "Charges Stripe confirmed against the budget, in its currency's smallest unit."},
+      {"reserved_cents",
+       "Charges in flight or of unknown outcome, in its currency's smallest unit."}};
   for (const auto& [column, help] : kGauges) {
     out << "# HELP billguard_proxy_budget_" << column << " " << help << "\n"
         << "# TYPE billguard_proxy_budget_" << column << " gauge\n";

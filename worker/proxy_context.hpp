@@ -1,6 +1,7 @@
 // What the proxy's request handlers share.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 
@@ -17,7 +18,11 @@ struct ProxyContext {
   Metrics& metrics;
   const std::string admin_token;
   const std::optional<std::string> issuer_token;
-  const std::string issuer_max_period_usd;  // USD: the largest budget the issuer creates
+  // The largest new budget the issuer token creates: in USD (empty: none
+  // unless issuer_max_period names usd), and per other currency named by
+  // --issuer-max-period (currency -> amount in its major unit).
+  const std::string issuer_max_period_usd;
+  const std::map<std::string, std::string> issuer_max_period;
   const bool livemode;  // the upstream key is a live key: vault keys are vk_live_
 };
 

@@ -28,6 +28,7 @@ struct PendingSettle {
   std::string idempotency_key;
   int attempt = 0;
   UpstreamAnswer answer;
+  std::optional<std::string> stripe_account;  // the connected account acted on
 };
 
 class SettleQueue {

@@ -49,9 +49,12 @@ Finding Uncertain(std::string reason) {
   return f;
 }
 
-// A look-up of the proxy's own: none of a client's headers goes with it.
-HttpResponse Get(const Upstream& upstream, const std::string& path_and_query) {
-  return upstream.Send("GET", path_and_query, "", ForwardedHeaders());
+// A look-up of the proxy's own: none of a client's headers goes with it,
+// but for the account the request acted on (Stripe answers a connected
+// account's objects only with its Stripe-Account).
+HttpResponse Get(const Upstream& upstream, const std::optional<std::string>& account,
+                 const std::string& path_and_query) {
+  return upstream.Send("GET", path_and_query, "", ForwardedHeaders::OnAccount(account));
 }
 
 // What a 2xx creating the object would have counted: money moved or held.
@@ -66,10 +69,10 @@ bool Charged(const ChargeAnswer& object) {
 enum class Fetched { kCharged, kNotCharged, kFailed };
 
 // GET endpoint/id: the object as Stripe holds it now.
-Fetched Fetch(const Upstream& upstream, const std::string& endpoint, const std::string& id,
-              Finding* found) {
+Fetched Fetch(const Upstream& upstream, const std::optional<std::string>& account,
+              const std::string& endpoint, const std::string& id, Finding* found) {
   if (!AllOf(id, IdCharacter)) return Fetched::kFailed;
-  const HttpResponse response = Get(upstream, endpoint + "/" + id);
+  const HttpResponse response = Get(upstream, account, endpoint + "/" + id);
   if (response.status != 200) return Fetched::kFailed;
   const ChargeAnswer object = ReadChargeAnswer(response);
   if (object.object_id != id) return Fetched::kFailed;
@@ -83,11 +86,11 @@ Fetched Fetch(const Upstream& upstream, const std::string& endpoint, const std::
 
 // Fetches every object of `answer` carrying the key: kCharged with the
 // first charged one in *found, kFailed if one could not be fetched.
-Fetched FetchKeyed(const Upstream& upstream, const std::string& endpoint,
-                   const SearchAnswer& answer, Finding* found) {
+Fetched FetchKeyed(const Upstream& upstream, const std::optional<std::string>& account,
+                   const std::string& endpoint, const SearchAnswer& answer, Finding* found) {
   Fetched result = Fetched::kNotCharged;
   for (const std::string& id : answer.keyed_ids) {
-    const Fetched fetched = Fetch(upstream, endpoint, id, found);
+    const Fetched fetched = Fetch(upstream, account, endpoint, id, found);
     if (fetched == Fetched::kCharged) return fetched;
     if (fetched == Fetched::kFailed) result = Fetched::kFailed;
   }
@@ -112,12 +115,12 @@ Finding LookUp(const Upstream& upstream, const ReservationInDoubt& r, int quiet_
   }
 
   Finding found;
-  const HttpResponse searched = Get(upstream, SearchPath(r.endpoint, key));
+  const HttpResponse searched = Get(upstream, r.stripe_account, SearchPath(r.endpoint, key));
   const SearchAnswer search = ReadSearchAnswer(searched, key);
   if (!search.listed) {
     return Uncertain("Stripe's search answered HTTP " + std::to_string(search.http_status));
   }
-  const Fetched by_search = FetchKeyed(upstream, r.endpoint, search, &found);
+  const Fetched by_search = FetchKeyed(upstream, r.stripe_account, r.endpoint, search, &found);
   if (by_search == Fetched::kCharged) {
     found.reason = "found " + found.charge_id + " by Stripe's search for metadata[billguard_key]";
     return found;
@@ -133,9 +136,10 @@ Finding LookUp(const Upstream& upstream, const ReservationInDoubt& r, int quiet_
   std::string after;
   for (int page = 0; listable && !read_back && page < kMaxListPages; ++page) {
     const HttpResponse listed =
-        Get(upstream, r.endpoint + "?customer=" + PercentEncode(*r.customer) +
-                          "&limit=" + std::to_string(kListPageSize) +
-                          (after.empty() ? "" : "&starting_after=" + PercentEncode(after)));
+        Get(upstream, r.stripe_account,
+            r.endpoint + "?customer=" + PercentEncode(*r.customer) +
+                "&limit=" + std::to_string(kListPageSize) +
+                (after.empty() ? "" : "&starting_after=" + PercentEncode(after)));
     const SearchAnswer list = ReadSearchAnswer(listed, key);
     if (!list.listed) {
       return Uncertain("Stripe's list of " + *r.customer + "'s objects answered HTTP " +
@@ -144,7 +148,7 @@ Finding LookUp(const Upstream& upstream, const ReservationInDoubt& r, int quiet_
     if (list.keyed_ids.size() >= kMaxKeyedPerPage) {
       return Uncertain("too many of " + *r.customer + "'s objects carry the key to fetch");
     }
-    const Fetched fetched = FetchKeyed(upstream, r.endpoint, list, &found);
+    const Fetched fetched = FetchKeyed(upstream, r.stripe_account, r.endpoint, list, &found);
     if (fetched == Fetched::kCharged) {
       found.reason = "found " + found.charge_id + " in the list of " + *r.customer + "'s objects";
       return found;

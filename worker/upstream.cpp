@@ -25,6 +25,9 @@ HttpResponse Upstream::Send(const std::string& method, const std::string& path_a
   if (const auto& version = headers.stripe_version()) {
     request.headers.push_back("Stripe-Version: " + *version);
   }
+  if (const auto& account = headers.stripe_account()) {
+    request.headers.push_back("Stripe-Account: " + *account);
+  }
   client.Submit(std::move(request));
   for (;;) {
     auto finished = client.Poll(1000);

@@ -322,14 +322,18 @@ class Dispatcher {
       const auto now = Clock::now();
       if (now < unreachable_until_) break;
       if (static_cast<int>(records_.in_flight()) >= settings::max_inflight || !pacer_.Ready(now)) {
-        sendable_ = !vault_keys_.Asking() ||
-                    std::any_of(ready.begin() + static_cast<std::ptrdiff_t>(next), ready.end(),
-                                [&](const HeldRecord& record) {
-                                  return !vault_keys_.AskingFor(record.claimed.billing_period);
-                                });
+        sendable_ =
+            !vault_keys_.Asking() ||
+            std::any_of(ready.begin() + static_cast<std::ptrdiff_t>(next), ready.end(),
+                        [&](const HeldRecord& record) {
+                          return !vault_keys_.AskingFor(record.claimed.billing_period,
+                                                        ChargeCurrency(record.claimed.body));
+                        });
         break;
       }
-      const VaultCredential* key = vault_keys_.KeyFor(ready[next].claimed.billing_period, http_);
+      const ClaimedRecord& claimed = ready[next].claimed;
+      const VaultCredential* key =
+          vault_keys_.KeyFor(claimed.billing_period, ChargeCurrency(claimed.body), http_);
       if (key == nullptr) {
         ++next;
         continue;
@@ -435,7 +439,8 @@ class Dispatcher {
   // its last_error, its BillingBlocked event and the log.
   void NameTheCap(JudgedAnswer& judged) const {
     const ClaimedRecord& claimed = *judged.claimed;
-    const std::string cap = vault_keys_.DescribeCap(claimed.billing_period);
+    const std::string cap =
+        vault_keys_.DescribeCap(claimed.billing_period, ChargeCurrency(claimed.body));
     judged.charge.message = PrintableExcerpt(judged.charge.message + "; " + cap, 500);
     Log(claimed.customer_id + "/" + claimed.billing_period +
         " is blocked: " + judged.charge.message);
@@ -480,7 +485,14 @@ class Dispatcher {
       // key for the period, which joins its budget. Only the key it was
       // sent with is forgotten: answers to other requests sent with it may
       // come after a new key was obtained.
-      vault_keys_.ForgetExpired(claimed.billing_period, answered.vault_key_id);
+      vault_keys_.ForgetExpired(claimed.billing_period, ChargeCurrency(claimed.body),
+                                answered.vault_key_id);
+    } else if (outcome == Outcome::kPaused && vault_keys_.through_proxy() && !judged.search &&
+               judged.charge.error_code == "stripe_account_not_allowed" &&
+               vault_keys_.ForgetForAccount(claimed.billing_period, ChargeCurrency(claimed.body),
+                                            answered.vault_key_id)) {
+      // As for an expired key: recorded as not counted and due now, and
+      // sent again with a key whose budget names the record's account.
     } else if (outcome == Outcome::kPaused) {
       Pause(vault_keys_.through_proxy()
                 ? "the proxy refused the vault key of " + claimed.billing_period + " (HTTP " +

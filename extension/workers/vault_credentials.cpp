@@ -6,7 +6,9 @@
 #include "common/issuer_token.hpp"
 #include "common/vault_key_request.hpp"
 
+#include <algorithm>
 #include <stdexcept>
+#include <string_view>
 
 #include "settings/settings.hpp"
 #include "postgres/pg_boundary.hpp"
@@ -16,47 +18,53 @@ namespace billguard {
 
 namespace {
 
-// The proxy's budgets are in USD (POST /keys names no currency); a record
-// in another currency is refused by it (403 currency_not_allowed) and
-// ends blocked.
-constexpr const char* kVaultCurrency = "usd";
-
 void Log(const std::string& message) {
   CallPostgres([&] { ereport(LOG, (errmsg("billguard dispatcher: %s", message.c_str()))); });
 }
 
-std::string Usd(long long cents) {
-  const long long fraction = cents % 100;
-  return std::to_string(cents / 100) + (fraction < 10 ? ".0" : ".") + std::to_string(fraction);
-}
-
 }  // namespace
+
+std::string ChargeCurrency(const std::string& form_body) {
+  // The body billguard.charge_request_body froze: `currency=` once, a
+  // lower-case code that needs no escape.
+  std::size_t at = 0;
+  while (at < form_body.size()) {
+    const std::size_t end = std::min(form_body.find('&', at), form_body.size());
+    const std::string_view pair(form_body.data() + at, end - at);
+    if (pair.substr(0, 9) == "currency=") return std::string(pair.substr(9));
+    at = end + 1;
+  }
+  return "usd";
+}
 
 std::optional<VaultCredential> LookupVaultCredential(const std::string& api_base,
                                                      const std::string& billing_period,
                                                      const std::string& currency) {
   const auto rows = ExecuteInTransaction(
-      "SELECT key_id, vault_key, cap_cents FROM billguard.vault_credentials "
+      "SELECT key_id, vault_key, cap_cents, billguard.minor_units_text(cap_cents, currency) "
+      "FROM billguard.vault_credentials "
       "WHERE api_base = $1 AND billing_period = $2 AND currency = $3",
       {api_base, billing_period, currency});
   if (rows.empty() || !rows[0][0] || !rows[0][1] || !rows[0][2]) return std::nullopt;
-  return VaultCredential{*rows[0][0], *rows[0][1], std::stoll(*rows[0][2])};
+  return VaultCredential{*rows[0][0], *rows[0][1], std::stoll(*rows[0][2]),
+                         rows[0][3].value_or(*rows[0][2] + " " + currency)};
 }
 
-VaultKeyAsk VaultKeyRequestBody(const std::string& billing_period, const std::string& endpoint,
-                                double headroom, std::optional<long long> cap_cents) {
+VaultKeyAsk VaultKeyRequestBody(const std::string& billing_period, const std::string& currency,
+                                const std::string& endpoint, double headroom,
+                                std::optional<long long> cap_cents) {
   // The headroom is a ratio, not money: six decimals of it are plenty, and
   // the cap is then computed in numeric.
   const std::string ratio = std::to_string(headroom);  // "%f": six decimals
   const auto rows = ExecuteInTransaction(
-      "SELECT body::text, cap_cents FROM billguard.vault_key_request($1, $2, $3::numeric, "
-      "$4::bigint)",
+      "SELECT body::text, cap_cents, billguard.minor_units_text(cap_cents, $5) "
+      "FROM billguard.vault_key_request($1, $2, $3::numeric, $4::bigint, $5)",
       {billing_period, endpoint, ratio,
-       cap_cents ? SqlValue(std::to_string(*cap_cents)) : std::nullopt});
-  if (rows.empty() || !rows[0][0] || !rows[0][1]) {
+       cap_cents ? SqlValue(std::to_string(*cap_cents)) : std::nullopt, currency});
+  if (rows.empty() || !rows[0][0] || !rows[0][1] || !rows[0][2]) {
     throw std::runtime_error("billguard.vault_key_request returned no body");
   }
-  return VaultKeyAsk{*rows[0][0], std::stoll(*rows[0][1])};
+  return VaultKeyAsk{*rows[0][0], std::stoll(*rows[0][1]), *rows[0][2]};
 }
 
 void StoreVaultCredential(const std::string& api_base, const std::string& billing_period,
@@ -78,7 +86,9 @@ std::string VaultKeys::Load() {
   through_proxy_ = settings::vault_issuer_token_file[0] != '\0';
   keys_.clear();
   asking_.clear();
-  asking_by_period_.clear();
+  rekeying_for_accounts_.clear();
+  keys_for_accounts_.clear();
+  asking_by_budget_.clear();
   if (through_proxy_) {
     const IssuerTokenResult loaded = LoadIssuerToken(settings::vault_issuer_token_file);
     issuer_token_ = loaded.token;
@@ -91,18 +101,19 @@ std::string VaultKeys::Load() {
   return loaded.error;
 }
 
-const VaultCredential* VaultKeys::KeyFor(const std::string& period, HttpClient& http) {
+const VaultCredential* VaultKeys::KeyFor(const std::string& period, const std::string& currency,
+                                         HttpClient& http) {
   if (!through_proxy_) return &direct_key_;
-  auto found = keys_.find(period);
+  const std::string budget = Budget(period, currency);
+  auto found = keys_.find(budget);
   if (found != keys_.end()) return &found->second;
-  if (AskingFor(period)) return nullptr;
-  std::optional<VaultCredential> kept =
-      LookupVaultCredential(settings::api_base, period, kVaultCurrency);
-  if (kept) return &keys_.emplace(period, std::move(*kept)).first->second;
-  // The cap is the period's claimed total times vault_cap_headroom,
-  // computed in SQL.
-  Ask(PendingAsk{period,
-                 VaultKeyRequestBody(period, settings::stripe_endpoint,
+  if (AskingFor(period, currency)) return nullptr;
+  std::optional<VaultCredential> kept = LookupVaultCredential(settings::api_base, period, currency);
+  if (kept) return &keys_.emplace(budget, std::move(*kept)).first->second;
+  // The cap is the period's claimed total in the currency times
+  // vault_cap_headroom, computed in SQL.
+  Ask(PendingAsk{period, currency,
+                 VaultKeyRequestBody(period, currency, settings::stripe_endpoint,
                                      settings::vault_cap_headroom, {}),
                  false},
       http);
@@ -114,7 +125,7 @@ void VaultKeys::Ask(PendingAsk asking, HttpClient& http) {
   HttpRequest request =
       VaultKeyRequest(settings::api_base, issuer_token_, asking.ask.json_body, user_agent_);
   request.tag = tag;
-  asking_by_period_[asking.period] = tag;
+  asking_by_budget_[Budget(asking.period, asking.currency)] = tag;
   asking_.emplace(tag, std::move(asking));
   http.Submit(std::move(request));
   http.Start();
@@ -130,48 +141,73 @@ VaultKeyAnswer VaultKeys::TakeAnswer(const HttpResponse& response, HttpClient& h
   if (found == asking_.end()) return {};  // asked for before a reload
   PendingAsk asking = std::move(found->second);
   asking_.erase(found);
-  asking_by_period_.erase(asking.period);
+  asking_by_budget_.erase(Budget(asking.period, asking.currency));
   const IssuedVaultKey issued = ReadIssuedVaultKey(response);
   if (issued.existing_cap_cents && !asking.at_existing_cap) {
-    Log("the proxy already has a budget for " + asking.period + " with a cap of " +
-        Usd(*issued.existing_cap_cents) + " USD, not the " + Usd(asking.ask.cap_cents) +
-        " USD asked (records were claimed after its first key was issued): billing joins it " +
-        "at its cap, and charges past it are blocked until an admin raises the cap");
-    asking.ask = VaultKeyRequestBody(asking.period, settings::stripe_endpoint,
+    const std::string asked = asking.ask.cap_text;
+    asking.ask = VaultKeyRequestBody(asking.period, asking.currency, settings::stripe_endpoint,
                                      settings::vault_cap_headroom, issued.existing_cap_cents);
+    Log("the proxy already has a budget for " + asking.period + " with a cap of " +
+        asking.ask.cap_text + ", not the " + asked +
+        " asked (records were claimed after its first key was issued): billing joins it " +
+        "at its cap, and charges past it are blocked until an admin raises the cap");
     asking.at_existing_cap = true;
     Ask(std::move(asking), http);
     return {};
   }
   if (issued.vault_key.empty()) {
-    const std::string why = "the proxy issued no vault key for " + asking.period + " (HTTP " +
+    const std::string why = "the proxy issued no vault key for " + asking.period +
+                            (asking.currency == "usd" ? "" : " in " + asking.currency) + " (HTTP " +
                             std::to_string(issued.http_status) + ": " + issued.message + ")";
     // A refused token or request (api_base not a proxy, say) waits for a
     // person; an unreachable or failing proxy is tried again.
     const bool refused = issued.http_status >= 400 && issued.http_status < 500;
     return {refused ? VaultKeyAnswer::Next::kPause : VaultKeyAnswer::Next::kHoldOff, why};
   }
-  VaultCredential credential{issued.key_id, issued.vault_key, asking.ask.cap_cents};
-  StoreVaultCredential(settings::api_base, asking.period, kVaultCurrency, credential);
+  VaultCredential credential{issued.key_id, issued.vault_key, asking.ask.cap_cents,
+                             asking.ask.cap_text};
+  StoreVaultCredential(settings::api_base, asking.period, asking.currency, credential);
   Log("obtained vault key " + credential.key_id + " for " + asking.period + ", cap " +
-      Usd(credential.cap_cents) + " USD");
-  keys_[asking.period] = std::move(credential);
+      credential.cap_text);
+  if (rekeying_for_accounts_.erase(Budget(asking.period, asking.currency)) != 0) {
+    keys_for_accounts_.insert(credential.key_id);
+  }
+  keys_[Budget(asking.period, asking.currency)] = std::move(credential);
   return {};
 }
 
-void VaultKeys::ForgetExpired(const std::string& period, const std::string& key_id) {
-  const auto found = keys_.find(period);
+bool VaultKeys::ForgetForAccount(const std::string& period, const std::string& currency,
+                                 const std::string& key_id) {
+  if (keys_for_accounts_.count(key_id) != 0) return false;
+  const std::string budget = Budget(period, currency);
+  const auto found = keys_.find(budget);
+  if (found == keys_.end() || found->second.key_id != key_id) return true;  // replaced already
+  Log("the proxy refused a connected account to the vault key " + key_id + " of " + period +
+      (currency == "usd" ? "" : " in " + currency) +
+      " (a record of it claimed after the key was obtained); obtaining a new one naming it");
+  ForgetVaultCredential(settings::api_base, period, currency, key_id);
+  keys_.erase(found);
+  rekeying_for_accounts_.insert(budget);
+  return true;
+}
+
+void VaultKeys::ForgetExpired(const std::string& period, const std::string& currency,
+                              const std::string& key_id) {
+  const auto found = keys_.find(Budget(period, currency));
   if (found == keys_.end() || found->second.key_id != key_id) return;
-  Log("the vault key " + key_id + " of " + period + " expired; obtaining a new one");
-  ForgetVaultCredential(settings::api_base, period, kVaultCurrency, key_id);
+  Log("the vault key " + key_id + " of " + period + (currency == "usd" ? "" : " in " + currency) +
+      " expired; obtaining a new one");
+  ForgetVaultCredential(settings::api_base, period, currency, key_id);
   keys_.erase(found);
 }
 
-std::string VaultKeys::DescribeCap(const std::string& period) const {
+std::string VaultKeys::DescribeCap(const std::string& period, const std::string& currency) const {
   std::string cap = "the period's vault cap";
-  const auto found = keys_.find(period);
+  const auto found = keys_.find(Budget(period, currency));
   if (found != keys_.end()) {
-    cap += " is " + Usd(found->second.cap_cents) + " USD (vault key " + found->second.key_id + ")";
+    cap += " is " + found->second.cap_text + " (vault key " + found->second.key_id + ")";
+  } else if (currency != "usd") {
+    cap += " in " + currency;
   }
   return cap;
 }

@@ -8,6 +8,9 @@
 \ir ../udfs/random_base62/latest.sql
 \ir ../udfs/usd_to_cents/latest.sql
 \ir ../udfs/are_vault_endpoints/latest.sql
+\ir ../udfs/to_minor_units/latest.sql
+\ir ../udfs/minor_units_text/latest.sql
+\ir ../udfs/are_stripe_accounts/latest.sql
 
 CREATE TABLE billguard.vault_budgets (
   vendor         text NOT NULL,
@@ -21,11 +24,16 @@ CREATE TABLE billguard.vault_budgets (
   committed_cents bigint NOT NULL DEFAULT 0,
   created_at     timestamptz NOT NULL DEFAULT now(),
   updated_at     timestamptz NOT NULL DEFAULT now(),
+  -- The connected accounts (Stripe-Account) the budget may spend on, beside
+  -- the platform's own account, which it always may: those its keys named
+  -- at POST /keys.
+  stripe_accounts text[] NOT NULL DEFAULT '{}',
   PRIMARY KEY (vendor, billing_period, currency),
   CONSTRAINT vault_budgets_vendor_valid CHECK (vendor ~ '^[a-z][a-z0-9_]{0,39}$'),
   CONSTRAINT vault_budgets_period_valid CHECK (billguard.is_billing_period(billing_period)),
   CONSTRAINT vault_budgets_cap_valid CHECK (cap_cents > 0 AND cap_cents <= 1000000000000000),
-  CONSTRAINT vault_budgets_committed_valid CHECK (committed_cents >= 0)
+  CONSTRAINT vault_budgets_committed_valid CHECK (committed_cents >= 0),
+  CONSTRAINT vault_budgets_stripe_accounts_valid CHECK (billguard.are_stripe_accounts(stripe_accounts))
 );
 COMMENT ON TABLE billguard.vault_budgets IS
   'One spend cap per (vendor, billing_period, currency), shared by every vault key of the period.';
@@ -50,8 +58,10 @@ CREATE TABLE billguard.vault_keys (
 COMMENT ON TABLE billguard.vault_keys IS
   'Vault keys: a public key_id, the hash of the secret, the budget it spends, its scope and life.';
 
--- One reservation per (budget, Idempotency-Key): every request carrying the
--- key, through any key of the budget, shares it, so a retry is counted once.
+-- One reservation per (budget, account, Idempotency-Key): every request
+-- carrying the key on that account, through any key of the budget, shares
+-- it, so a retry is counted once; Stripe scopes a key to the account it acts
+-- on, so the same key on another account is another request.
 -- reserved: counted against the cap, outcome unknown or in flight;
 -- settled: a success, still counted, its answer kept to be replayed for ever;
 -- released: no attempt of the key can have charged, no longer counted.
@@ -89,12 +99,16 @@ CREATE TABLE billguard.vault_reservations (
   attempts            integer NOT NULL DEFAULT 0,
   attempts_in_doubt   integer[] NOT NULL DEFAULT '{}',
   last_forwarded_at   timestamptz,
-  PRIMARY KEY (vendor, billing_period, currency, idempotency_key),
+  -- The connected account the request acted on (Stripe-Account), '' for
+  -- the platform's own.
+  stripe_account      text NOT NULL DEFAULT '',
+  PRIMARY KEY (vendor, billing_period, currency, stripe_account, idempotency_key),
   FOREIGN KEY (vendor, billing_period, currency) REFERENCES billguard.vault_budgets,
   CONSTRAINT vault_reservations_status_valid CHECK (status IN ('reserved', 'settled', 'released')),
   CONSTRAINT vault_reservations_amount_positive CHECK (amount_cents > 0),
   CONSTRAINT vault_reservations_settled_answer CHECK (status <> 'settled' OR response_body IS NOT NULL),
-  CONSTRAINT vault_reservations_doubt_only_reserved CHECK (status = 'reserved' OR attempts_in_doubt = '{}')
+  CONSTRAINT vault_reservations_doubt_only_reserved CHECK (status = 'reserved' OR attempts_in_doubt = '{}'),
+  CONSTRAINT vault_reservations_stripe_account_valid CHECK (stripe_account ~ '^(acct_[A-Za-z0-9]{1,250})?$')
 );
 COMMENT ON TABLE billguard.vault_reservations IS
   'Amounts reserved against a budget per Idempotency-Key, and the answers of settled successes.';
@@ -121,6 +135,7 @@ CREATE TABLE billguard.vault_audit (
   decision        text NOT NULL,
   http_status     integer,
   reason          text,
+  stripe_account  text,   -- of a request on a connected account (Stripe-Account)
   CONSTRAINT vault_audit_decision_valid CHECK (decision IN (
     'forwarded', 'reserved', 'reused', 'replayed', 'refused',   -- vault_authorize
     'reconcile',

@@ -34,7 +34,8 @@ sub binary { return $ENV{BILLGUARD_PROXY} // StripeEmulatorHarness::repo_root() 
 # (default: the emulator harness's test key), admin_token (default: random
 # letters), issuer => 0 to start without an
 # issuer token, issuer_max_period_usd (its --issuer-max-period-usd; default
-# 1000000), issuer_bounds => 'default' to keep the proxy's own bounds on the
+# 1000000; undef: none), issuer_max_period => ['AMOUNT:CURRENCY', ...] (its
+# --issuer-max-period flags), issuer_bounds => 'default' to keep the proxy's own bounds on the
 # issuer's keys (else widened: the tests name fixed periods, such as
 # 2026-08, and keys expiring in 2099), port (default 0: any), args => [more
 # flags], stderr => file. Dies unless the proxy announces its port.
@@ -62,7 +63,9 @@ sub command {
 		'--admin-token-file', $self->{files}{admin},
 		(($self->{issuer} // 1)
 			? ('--issuer-token-file', $self->{files}{issuer},
-				'--issuer-max-period-usd', $self->{issuer_max_period_usd} // '1000000',
+				(exists $self->{issuer_max_period_usd} && !defined $self->{issuer_max_period_usd}
+					? () : ('--issuer-max-period-usd', $self->{issuer_max_period_usd} // '1000000')),
+				(map { ('--issuer-max-period', $_) } @{ $self->{issuer_max_period} // [] }),
 				(($self->{issuer_bounds} // 'wide') eq 'default'
 					? () : ('--issuer-max-key-days', '36500', '--issuer-period-months', '1200')))
 			: ()),
@@ -191,6 +194,14 @@ sub charge {
 		vault_key => $vault_key, idempotency_key => $idempotency_key);
 }
 
+# The same on a connected account: with Stripe-Account: $account.
+sub charge_on {
+	my ($self, $account, $vault_key, $idempotency_key, %params) = @_;
+	return $self->request('POST', '/v1/payment_intents', charge_body(%params),
+		vault_key => $vault_key, idempotency_key => $idempotency_key,
+		headers => { 'Stripe-Account' => $account });
+}
+
 # POST /keys (issuer token unless as => 'admin'); dies unless 200; returns the key.
 sub issue_key {
 	my ($self, %fields) = @_;
@@ -199,12 +210,14 @@ sub issue_key {
 	return $response->{json};
 }
 
-# POST /keys as it answers.
+# POST /keys as it answers. A field given as undef is left out (period_cap
+# => 5000, period_usd_cap => undef: a cap in another currency).
 sub request_key {
 	my ($self, %fields) = @_;
 	my $as = delete $fields{as} // 'issuer';
 	my %body = (vendor => 'stripe', billing_period => '2026-08', period_usd_cap => 50,
 		allowed_endpoints => ['/v1/payment_intents'], expires_at => '2099-01-01T00:00:00Z', %fields);
+	delete @body{ grep { !defined $body{$_} } keys %body };
 	return $self->request('POST', '/keys', JSON::PP->new->canonical->encode(\%body),
 		token => $self->{"${as}_token"}, content_type => 'application/json');
 }

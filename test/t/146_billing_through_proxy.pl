@@ -13,7 +13,11 @@
 #     charge and search of the period sent with that key (the proxy's audit);
 #   - records claimed later in the period are sent with the kept key, never
 #     a second one; an expired key is replaced by one joining the period's
-#     budget at its cap (the proxy's 409); another period gets its own;
+#     budget at its cap (the proxy's 409); another period gets its own, and
+#     so does each currency: a EUR record pauses the dispatcher while the
+#     proxy has no EUR ceiling for the issuer token, and completes on a EUR
+#     key, within a EUR budget, once it has one; an expired EUR key is
+#     replaced by one joining the EUR budget at its cap (the 409, in EUR);
 #   - the key is kept where only superusers read it; neither it nor the
 #     issuer token ever reaches the server log.
 use strict;
@@ -134,20 +138,59 @@ is($node->q1(qq{SELECT count(*) || ' ' || count(DISTINCT (vendor, billing_period
 is($node->q1("SELECT cap_cents FROM billguard.vault_budgets WHERE billing_period = '2026-08'"), $cap_cents,
 	'... at its cap');
 
-# Another period, its own key. The proxy's budgets are in USD: a record in
-# another currency is refused (403 currency_not_allowed) and ends blocked.
+# Another period, its own keys: one per currency it bills. A EUR record
+# needs a EUR budget, which the issuer token may create only up to a ceiling
+# for EUR: without one the dispatcher pauses with the proxy's 403, and with
+# one (--issuer-max-period) the record completes on a key of its own.
 $node->q1(q{
 	INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method)
 	VALUES ('cust_eur', 'cus_eur', 1000, 'eur', 'pm_card_visa')});
 is($node->q1("SELECT initiated FROM billguard.bill_period('2026-09')"), '23', '2026-09 claimed');
-ok($node->wait_until_settled('2026-09'), '2026-09 billed');
-is($node->q1(q{SELECT status || ' ' || (next_attempt_at IS NULL) || ' ' || split_part(last_error, ':', 1)
-                 FROM billguard.billing_records WHERE customer_id = 'cust_eur' AND billing_period = '2026-09'}),
-	'blocked true 403 invalid_request_error/currency_not_allowed', 'a record in EUR ends blocked, out of the queue');
-is($node->q1(q{SELECT count(*) FROM billguard.billing_records WHERE billing_period = '2026-09' AND status = 'completed'}), '22',
-	'... the USD records completed');
-is($node->q1(q{SELECT string_agg(event ->> 'billing_period', ',' ORDER BY seq_nr) FROM billguard.journal
-                 WHERE event_type = 'VaultKeyIssued'}), '2026-08,2026-08,2026-09', 'one key per period (and the renewed one)');
+ok(wait_until('the dispatcher to pause on EUR', 20, sub {
+	$node->q1('SELECT pause_reason FROM billguard.dispatch_status') =~ /in eur/ }),
+	'no EUR ceiling for the issuer token: paused');
+like($node->q1('SELECT pause_reason FROM billguard.dispatch_status'),
+	qr/^the proxy issued no vault key for 2026-09 in eur \(HTTP 403: the issuer token may create no budget in EUR \(the proxy has no ceiling for it: --issuer-max-period AMOUNT:eur\)\)/,
+	"... with the proxy's reason");
+is($node->q1(q{SELECT count(*) FROM billguard.vault_budgets WHERE currency = 'eur'}), '0', '... and no EUR budget');
+$proxy->stop;
+$proxy->{issuer_max_period} = ['100.00:eur'];
+$proxy->restart;
+$node->reload;
+ok($node->wait_until_settled('2026-09'), 'with a EUR ceiling and a reload, 2026-09 is billed');
+is($node->q1(q{SELECT string_agg(currency || '=' || status || '=' || n, ',' ORDER BY currency) FROM (
+                 SELECT currency, status, count(*) n FROM billguard.billing_records
+                  WHERE billing_period = '2026-09' GROUP BY 1, 2) s}),
+	'eur=completed=1,usd=completed=22', 'the EUR record completed, and so did the USD ones');
+is(scalar @{ charges_by_key($emulator)->{ $node->key_of('cust_eur', '2026-09') } // [] }, 1,
+	'... one EUR charge at the emulator');
+is($node->q1(q{SELECT currency || ' ' || cap_cents || ' ' || committed_cents FROM billguard.vault_budgets
+                WHERE billing_period = '2026-09' AND currency = 'eur'}), 'eur 1100 1000',
+	"... within the period's EUR budget: its EUR total x 1.10");
+is($node->q1(q{SELECT string_agg(k.currency, ',' ORDER BY k.currency) FROM billguard.vault_credentials k
+                WHERE billing_period = '2026-09'}), 'eur,usd', 'the dispatcher keeps a key per currency of the period');
+is($node->q1(q{SELECT string_agg(event ->> 'billing_period' || coalesce(':' || (event ->> 'currency'), ''), ',' ORDER BY seq_nr)
+                 FROM billguard.journal WHERE event_type = 'VaultKeyIssued'}), '2026-08,2026-08,2026-09,2026-09:eur',
+	'one key per period and currency (and the renewed one)');
+
+# The EUR key expires, and a EUR record claimed since asks a new one for a
+# larger total: the proxy's 409 names the EUR budget's cap, in EUR, and the
+# new key joins it there.
+$node->q1(q{UPDATE billguard.vault_keys SET expires_at = now() - interval '1 second' WHERE currency = 'eur'});
+$node->q1(q{
+	INSERT INTO billguard.accounts (customer_id, stripe_customer, amount_cents, currency, payment_method)
+	VALUES ('cust_eur_late', 'cus_eur_late', 100, 'eur', 'pm_card_visa')});
+is($node->bill('cust_eur_late', '2026-09'), 'initiated', 'a EUR record once the EUR key has expired');
+ok($node->wait_until_settled('2026-09'), '... is billed');
+is($node->status_of('cust_eur_late', '2026-09'), 'completed', '... completed');
+is($node->q1(q{SELECT count(*) || ' ' || count(DISTINCT (vendor, billing_period, currency))
+                 FROM billguard.vault_keys WHERE billing_period = '2026-09' AND currency = 'eur'}), '2 1',
+	'... with a new EUR key, which joined the one EUR budget');
+is($node->q1(q{SELECT cap_cents || ' ' || committed_cents FROM billguard.vault_budgets
+                WHERE billing_period = '2026-09' AND currency = 'eur'}), '1100 1100', '... at its cap, now spent');
+like(slurp_file($node->logfile),
+	qr/the proxy already has a budget for 2026-09 with a cap of 11\.00 EUR, not the 12\.10 EUR asked/,
+	"... as the log says, in EUR");
 
 # Only superusers read the keys.
 $node->q1('CREATE ROLE billing_app_146 LOGIN; GRANT USAGE ON SCHEMA billguard TO billing_app_146');

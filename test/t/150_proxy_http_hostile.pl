@@ -21,7 +21,8 @@
 #   - what reaches Stripe is the proxy's allowlist: its key, Content-Type,
 #     a checked Idempotency-Key (1-255 printable ASCII, required on every
 #     POST that can move money) and Stripe-Version (a version's shape);
-#     Stripe-Account is refused, never dropped;
+#     a Stripe-Account of a bad shape, or of an account the key's budget
+#     does not name, and Stripe-Context are refused, never dropped;
 #   - 1,000 idle and trickling connections held open while /healthz and
 #     charges are timed: they add at most a few milliseconds, the proxy's
 #     thread count does not move, and the trickling ones get 408 at the
@@ -393,11 +394,16 @@ is("$sent{'idempotency-key'} $sent{'stripe-version'} $sent{'content-type'}",
 my $upstream_requests = $stripe->requests;
 for my $case ([ 'a Stripe-Version that is not a version', 'Stripe-Version: latest', 'allow-2' ],
 	[ 'a Stripe-Version with a beta', 'Stripe-Version: 2022-11-15; feature_beta=v1', 'allow-3' ],
-	[ 'Stripe-Account', 'Stripe-Account: acct_other', 'allow-4' ]) {
+	[ 'a Stripe-Account that is not an account id', 'Stripe-Account: acct_other!', 'allow-4' ],
+	[ 'Stripe-Context', 'Stripe-Context: ctx_other', 'allow-5' ]) {
 	my ($what, $line, $idem) = @$case;
 	$r = capture_send(http_text(body => ProxyHarness::charge_body(amount => 100), lines => charge_lines($capture_key->{vault_key}, $idem, $line)));
 	ok(refused($r, 400), "$what: 400 (got " . shown($r) . ')');
 }
+$r = capture_send(http_text(body => ProxyHarness::charge_body(amount => 100),
+	lines => charge_lines($capture_key->{vault_key}, 'allow-6', 'Stripe-Account: acct_other')));
+ok(refused($r, 403) && $r->{json}{error}{code} eq 'stripe_account_not_allowed',
+	'a Stripe-Account the budget does not name: 403 (got ' . shown($r) . ')');
 for my $target ('/v1/payment_intents/search?query=customer:"cus_x"', '/v1/payment_intents/search?query=a%zz',
 	'/v1/payment_intents?limit=1#fragment') {
 	$r = capture_send(http_text(method => 'GET', path => $target, lines => [ "Authorization: Bearer $capture_key->{vault_key}" ]));

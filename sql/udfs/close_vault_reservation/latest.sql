@@ -16,13 +16,13 @@ BEGIN
            response_body = coalesce(close_vault_reservation.response_body, ''),
            response_request_id = close_vault_reservation.request_id, settled_at = now(),
            attempts_in_doubt = '{}'
-     WHERE (r.vendor, r.billing_period, r.currency, r.idempotency_key)
-         = (held.vendor, held.billing_period, held.currency, held.idempotency_key);
+     WHERE (r.vendor, r.billing_period, r.currency, r.stripe_account, r.idempotency_key)
+         = (held.vendor, held.billing_period, held.currency, held.stripe_account, held.idempotency_key);
   ELSE
     UPDATE billguard.vault_reservations r
        SET status = 'released', attempts_in_doubt = '{}',
            upstream_status = coalesce(close_vault_reservation.upstream_status, r.upstream_status)
-     WHERE (r.vendor, r.billing_period, r.currency, r.idempotency_key)
-         = (held.vendor, held.billing_period, held.currency, held.idempotency_key);
+     WHERE (r.vendor, r.billing_period, r.currency, r.stripe_account, r.idempotency_key)
+         = (held.vendor, held.billing_period, held.currency, held.stripe_account, held.idempotency_key);
   END IF;
 END $$;

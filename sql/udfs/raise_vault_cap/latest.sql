@@ -1,9 +1,12 @@
--- Raises the cap of the budget a key spends. A cap is never lowered below
--- what it is (22023): revoke keys instead.
+-- Raises the cap of the budget a key spends, to period_usd_cap in the
+-- budget's currency (USD for a budget in USD, its name since 0.1.0; EUR
+-- for one in EUR, exact in the currency's minor units). A cap is never
+-- lowered below what it is (22023): revoke keys instead. Answers the cap
+-- in the currency's major unit.
 CREATE OR REPLACE FUNCTION billguard.raise_vault_cap(key_id text, period_usd_cap numeric) RETURNS numeric
   LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-  cap    bigint := billguard.usd_to_cents(period_usd_cap);
+  cap    bigint;
   k      billguard.vault_keys;
   budget billguard.vault_budgets;
 BEGIN
@@ -12,12 +15,14 @@ BEGIN
     RAISE EXCEPTION 'no vault key %', coalesce(quote_literal(left(raise_vault_cap.key_id, 40)), 'NULL')
       USING ERRCODE = 'no_data_found';
   END IF;
+  cap := CASE WHEN k.currency = 'usd' THEN billguard.usd_to_cents(period_usd_cap)
+              ELSE billguard.to_minor_units(period_usd_cap, k.currency, 'period_cap') END;
   SELECT * INTO STRICT budget FROM billguard.vault_budgets b
    WHERE (b.vendor, b.billing_period, b.currency) = (k.vendor, k.billing_period, k.currency)
      FOR UPDATE;
   IF cap < budget.cap_cents THEN
-    RAISE EXCEPTION 'a cap is only ever raised: billing_period % has % USD, asked %',
-                    k.billing_period, to_char(budget.cap_cents / 100.0, 'FM999999999999990.00'),
+    RAISE EXCEPTION 'a cap is only ever raised: billing_period % has %, asked %',
+                    k.billing_period, billguard.minor_units_text(budget.cap_cents, k.currency),
                     period_usd_cap
       USING ERRCODE = 'invalid_parameter_value';
   END IF;
@@ -26,8 +31,9 @@ BEGIN
      WHERE (b.vendor, b.billing_period, b.currency) = (k.vendor, k.billing_period, k.currency);
     INSERT INTO billguard.vault_audit (key_id, vendor, billing_period, currency, decision, reason)
     VALUES (k.key_id, k.vendor, k.billing_period, k.currency, 'cap_raised',
-            format('cap raised from %s to %s USD', to_char(budget.cap_cents / 100.0, 'FM999999999999990.00'),
-                   to_char(cap / 100.0, 'FM999999999999990.00')));
+            format('cap raised from %s to %s', left(billguard.minor_units_text(budget.cap_cents, k.currency), -4),
+                   billguard.minor_units_text(cap, k.currency)));
   END IF;
-  RETURN round(cap / 100.0, 2);
+  RETURN (SELECT round(cap / 10::numeric ^ c.minor_units, c.minor_units)
+            FROM billguard.currencies c WHERE c.code = k.currency);
 END $$;

@@ -13,11 +13,15 @@
 -- forwarded; body holds what the ledger knows of it) or refused (answer
 -- with http_status and body; should_retry when the refusal is a throttle).
 -- key_id names the key and attempt the attempt for vault_settle.
+-- stripe_account: the connected account of the request's Stripe-Account
+-- header, NULL for the platform's own account (which every budget may
+-- spend on); another account than its budget's is refused.
 CREATE OR REPLACE FUNCTION billguard.vault_authorize(secret_sha256 bytea, method text, endpoint text,
                                           idempotency_key text, request_digest text,
                                           amount_cents bigint, currency text, customer text,
                                           search_key text DEFAULT NULL,
-                                          idempotency_window interval DEFAULT '23 hours')
+                                          idempotency_window interval DEFAULT '23 hours',
+                                          stripe_account text DEFAULT NULL)
   RETURNS TABLE (decision text, http_status integer, body text, key_id text, request_id text,
                  attempt integer, should_retry boolean)
   LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -38,6 +42,10 @@ DECLARE
   attempt_no integer;
   retriable boolean := false;
   settled_cents bigint;
+  -- The account the reservation is kept under ('' for the platform): Stripe
+  -- scopes an Idempotency-Key to the account it acts on.
+  account   text := coalesce(vault_authorize.stripe_account, '');
+  allowed_accounts text[];
 BEGIN
   IF octet_length(vault_authorize.secret_sha256) IS DISTINCT FROM 32 THEN
     RAISE EXCEPTION 'secret_sha256 must be 32 bytes' USING ERRCODE = 'invalid_parameter_value';
@@ -65,6 +73,11 @@ BEGIN
   END IF;
   IF octet_length(vault_authorize.search_key) NOT BETWEEN 1 AND 500 THEN
     RAISE EXCEPTION 'search_key must be 1..500 bytes (a metadata value)' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  IF vault_authorize.stripe_account !~ '^acct_[A-Za-z0-9]{1,250}$' THEN
+    RAISE EXCEPTION 'stripe_account must be a connected account id such as acct_1Nv0FGQ9RKHgCVdK, got %',
+                    quote_literal(left(vault_authorize.stripe_account, 80))
+      USING ERRCODE = 'invalid_parameter_value';
   END IF;
   -- Stripe keeps a key at least 24 hours: a longer window would trust a
   -- memory Stripe may have pruned.
@@ -97,6 +110,21 @@ BEGIN
                        vault_authorize.endpoint);
       EXIT decide;
     END IF;
+    -- Only the accounts the budget names, and the platform's own: an
+    -- account no key asked for is one no one meant the cap to reach.
+    IF vault_authorize.stripe_account IS NOT NULL THEN
+      SELECT b.stripe_accounts INTO allowed_accounts FROM billguard.vault_budgets b
+       WHERE (b.vendor, b.billing_period, b.currency) = (k.vendor, k.billing_period, k.currency);
+      IF NOT vault_authorize.stripe_account = ANY (allowed_accounts) THEN
+        status := 403; code := 'stripe_account_not_allowed';
+        reason := format('vault key %s may act on the platform''s account%s only, not on %s (Stripe-Account)',
+                         k.key_id,
+                         CASE WHEN cardinality(allowed_accounts) > 0
+                              THEN ' and ' || array_to_string(allowed_accounts, ', ') ELSE '' END,
+                         vault_authorize.stripe_account);
+        EXIT decide;
+      END IF;
+    END IF;
     -- A POST on an object (confirm, capture, update) may move money its
     -- creation counted: only one this budget created, never an object made
     -- with the real key or another budget's key, which was never counted here.
@@ -107,7 +135,7 @@ BEGIN
     IF object_id IS NOT NULL
        AND NOT EXISTS (SELECT FROM billguard.vault_reservations r
                         WHERE (r.vendor, r.billing_period, r.currency) = (k.vendor, k.billing_period, k.currency)
-                          AND r.status = 'settled' AND r.charge_id = object_id) THEN
+                          AND r.stripe_account = account AND r.status = 'settled' AND r.charge_id = object_id) THEN
       status := 403; code := 'object_not_in_budget';
       reason := format('vault key %s may POST only on objects the budget of billing_period %s created, not %s',
                        k.key_id, k.billing_period, object_id);
@@ -137,8 +165,8 @@ BEGIN
     -- taken before the reservation exists; the budget's row is locked last.
     PERFORM billguard.lock_vault_idempotency_key(k.vendor, k.billing_period, k.currency, idem);
     SELECT * INTO held FROM billguard.vault_reservations r
-     WHERE (r.vendor, r.billing_period, r.currency, r.idempotency_key)
-         = (k.vendor, k.billing_period, k.currency, idem);
+     WHERE (r.vendor, r.billing_period, r.currency, r.stripe_account, r.idempotency_key)
+         = (k.vendor, k.billing_period, k.currency, account, idem);
     known_key := FOUND;
     IF known_key AND held.request_digest <> vault_authorize.request_digest THEN
       status := 400; error_type := 'idempotency_error'; code := NULL;
@@ -169,8 +197,8 @@ BEGIN
       UPDATE billguard.vault_reservations r
          SET attempts = r.attempts + 1, attempts_in_doubt = r.attempts_in_doubt || (r.attempts + 1),
              last_forwarded_at = now()
-       WHERE (r.vendor, r.billing_period, r.currency, r.idempotency_key)
-           = (k.vendor, k.billing_period, k.currency, idem)
+       WHERE (r.vendor, r.billing_period, r.currency, r.stripe_account, r.idempotency_key)
+           = (k.vendor, k.billing_period, k.currency, account, idem)
       RETURNING r.attempts INTO attempt_no;
       verdict := 'reused';
       EXIT decide;
@@ -200,11 +228,14 @@ BEGIN
                                      WHERE (b.vendor, b.billing_period, b.currency)
                                          = (k.vendor, k.billing_period, k.currency)) THEN
         code := 'spend_cap_pending'; retriable := true;
-        reason := format('the spend cap of billing_period %s is held by charges in flight or of '
-                         'unknown outcome; retry later with the same Idempotency-Key', k.billing_period);
+        reason := format('the spend cap of billing_period %s%s is held by charges in flight or of '
+                         'unknown outcome; retry later with the same Idempotency-Key', k.billing_period,
+                         CASE WHEN k.currency <> 'usd' THEN ' in ' || upper(k.currency) ELSE '' END);
       ELSE
         code := 'spend_cap_exceeded';
-        reason := format('spend cap exceeded for billing_period %s', k.billing_period);
+        -- The contract's message, naming the budget's currency unless USD.
+        reason := format('spend cap exceeded for billing_period %s', k.billing_period)
+                  || CASE WHEN k.currency <> 'usd' THEN ' in ' || upper(k.currency) ELSE '' END;
       END IF;
       EXIT decide;
     END IF;
@@ -216,16 +247,17 @@ BEGIN
       UPDATE billguard.vault_reservations r
          SET status = 'reserved', key_id = k.key_id, reserved_at = now(), last_forwarded_at = now(),
              attempts = r.attempts + 1, attempts_in_doubt = ARRAY[r.attempts + 1]
-       WHERE (r.vendor, r.billing_period, r.currency, r.idempotency_key)
-           = (k.vendor, k.billing_period, k.currency, idem)
+       WHERE (r.vendor, r.billing_period, r.currency, r.stripe_account, r.idempotency_key)
+           = (k.vendor, k.billing_period, k.currency, account, idem)
       RETURNING r.attempts INTO attempt_no;
     ELSE
       INSERT INTO billguard.vault_reservations
              (vendor, billing_period, currency, idempotency_key, request_digest, key_id, endpoint,
-              customer, amount_cents, search_key, attempts, attempts_in_doubt, last_forwarded_at)
+              customer, amount_cents, search_key, attempts, attempts_in_doubt, last_forwarded_at,
+              stripe_account)
       VALUES (k.vendor, k.billing_period, k.currency, idem, vault_authorize.request_digest, k.key_id,
               vault_authorize.endpoint, vault_authorize.customer, amount, vault_authorize.search_key,
-              1, ARRAY[1], now());
+              1, ARRAY[1], now(), account);
       attempt_no := 1;
     END IF;
     verdict := 'reserved';
@@ -237,11 +269,11 @@ BEGIN
   END IF;
   INSERT INTO billguard.vault_audit (key_id, vendor, billing_period, method, endpoint, customer,
                                      amount_cents, currency, idempotency_key, decision, http_status,
-                                     reason)
+                                     reason, stripe_account)
   VALUES (k.key_id, k.vendor, k.billing_period, vault_authorize.method, vault_authorize.endpoint,
-          vault_authorize.customer, amount, lower(vault_authorize.currency), idem, verdict, status,
-          reason);
+          vault_authorize.customer, amount, lower(vault_authorize.currency), idem,
+          verdict, status, reason, vault_authorize.stripe_account);
   RETURN QUERY SELECT verdict, status, answer, k.key_id, replay_request_id, attempt_no, retriable;
 END $$;
-COMMENT ON FUNCTION billguard.vault_authorize(bytea, text, text, text, text, bigint, text, text, text, interval) IS
+COMMENT ON FUNCTION billguard.vault_authorize(bytea, text, text, text, text, bigint, text, text, text, interval, text) IS
   'Decides a request of the spend-cap proxy and reserves its amount; audited.';

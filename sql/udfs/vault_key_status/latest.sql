@@ -1,4 +1,5 @@
--- A key and its budget, for the proxy's admin.
+-- A key and its budget, for the proxy's admin: cap_cents and the sums in
+-- the currency's smallest unit; cap_usd for a budget in USD only.
 CREATE OR REPLACE FUNCTION billguard.vault_key_status(key_id text)
   RETURNS TABLE (vendor text, billing_period text, currency text, cap_usd numeric,
                  cap_cents bigint, settled_cents bigint, reserved_cents bigint,
@@ -7,7 +8,8 @@ CREATE OR REPLACE FUNCTION billguard.vault_key_status(key_id text)
   LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   RETURN QUERY
-    SELECT k.vendor, k.billing_period, k.currency, round(s.cap_cents / 100.0, 2), s.cap_cents,
+    SELECT k.vendor, k.billing_period, k.currency,
+           CASE WHEN k.currency = 'usd' THEN round(s.cap_cents / 100.0, 2) END, s.cap_cents,
            s.settled_cents, s.reserved_cents, s.remaining_cents,
            k.allowed_endpoints, k.livemode, k.expires_at, k.revoked_at, k.created_at
       FROM billguard.vault_keys k

@@ -1,4 +1,4 @@
--- 22_connect_webhooks.sql: a webhook event applies to the records of the
+-- 23_connect_webhooks.sql: a webhook event applies to the records of the
 -- Stripe account it comes from, and to no other.
 --
 -- Proves: apply_stripe_event of an event with "account": "acct_..."
