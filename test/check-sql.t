@@ -65,14 +65,14 @@ like($said, qr/released scripts unchanged/, 'and says what it checked');
 
 # A function and a view of the development version; a function new in the
 # version after the last release, for the rules of upgrades.
-my $function = 'udfs/bill_period';
+my $function = 'udfs/retry_period';
 my $view     = 'views/dispatch_status';
 my $upgrade  = "billguard--$release--$development.sql.in";
 
 fails_with('latest.sql edited without a snapshot', sub {
 	my ($sql) = @_;
 	spew("$sql/$function/latest.sql", slurp("$sql/$function/latest.sql") . "-- edited\n");
-}, qr/sql\/udfs\/bill_period\/latest\.sql differs from its newest snapshot, \Q$release\E\.sql/);
+}, qr/sql\/udfs\/retry_period\/latest\.sql differs from its newest snapshot, \Q$release\E\.sql/);
 
 fails_with('a view\'s latest.sql edited without a snapshot', sub {
 	my ($sql) = @_;
@@ -88,18 +88,18 @@ fails_with('a new function with no snapshot', sub {
 fails_with('a snapshot of no version', sub {
 	my ($sql) = @_;
 	copy("$sql/$function/latest.sql", "$sql/$function/9.9.9.sql");
-}, qr/sql\/udfs\/bill_period\/9\.9\.9\.sql: neither latest\.sql nor the snapshot of a version/);
+}, qr/sql\/udfs\/retry_period\/9\.9\.9\.sql: neither latest\.sql nor the snapshot of a version/);
 
 fails_with('an object left out of the install', sub {
 	my ($sql) = @_;
-	spew("$sql/install/55_bill_period.sql", slurp("$sql/install/55_bill_period.sql") =~ s/^\\ir \.\.\/udfs\/bill_period\/latest\.sql\n//mr);
-}, qr/sql\/install\/\*\.sql: never includes sql\/udfs\/bill_period\/latest\.sql/);
+	spew("$sql/install/75_dispatch_operations.sql", slurp("$sql/install/75_dispatch_operations.sql") =~ s/^\\ir \.\.\/udfs\/retry_period\/latest\.sql\n//mr);
+}, qr/sql\/install\/\*\.sql: never includes sql\/udfs\/retry_period\/latest\.sql/);
 
 fails_with('the install includes a snapshot', sub {
 	my ($sql) = @_;
-	spew("$sql/install/55_bill_period.sql",
-		slurp("$sql/install/55_bill_period.sql") =~ s/udfs\/bill_period\/latest\.sql/udfs\/bill_period\/$release.sql/r);
-}, qr/sql\/install\/55_bill_period\.sql:\d+: includes udfs\/bill_period\/\Q$release\E\.sql: the install under development includes latest\.sql, never a snapshot/);
+	spew("$sql/install/75_dispatch_operations.sql",
+		slurp("$sql/install/75_dispatch_operations.sql") =~ s/udfs\/retry_period\/latest\.sql/udfs\/retry_period\/$release.sql/r);
+}, qr/sql\/install\/75_dispatch_operations\.sql:\d+: includes udfs\/retry_period\/\Q$release\E\.sql: the install under development includes latest\.sql, never a snapshot/);
 
 fails_with('the install includes a file that is not there', sub {
 	my ($sql) = @_;
@@ -108,8 +108,8 @@ fails_with('the install includes a file that is not there', sub {
 
 fails_with('an object included twice', sub {
 	my ($sql) = @_;
-	spew("$sql/install/99_new.sql", "\\ir ../udfs/bill_period/latest.sql\n");
-}, qr/sql\/install\/99_new\.sql:1: includes udfs\/bill_period a second time/);
+	spew("$sql/install/99_new.sql", "\\ir ../udfs/retry_period/latest.sql\n");
+}, qr/sql\/install\/99_new\.sql:1: includes udfs\/retry_period a second time/);
 
 fails_with('a function written out in the install', sub {
 	my ($sql) = @_;
@@ -129,8 +129,8 @@ fails_with('a function of an upgrade\'s own that it never drops', sub {
 fails_with('a function of an upgrade\'s own named as a function of sql/udfs', sub {
 	my ($sql) = @_;
 	spew("$sql/$upgrade", slurp("$sql/$upgrade")
-		. "CREATE FUNCTION billguard.bill_period() RETURNS int LANGUAGE sql RETURN 1;\nDROP FUNCTION billguard.bill_period();\n");
-}, qr/\Q$upgrade\E:\d+: a definition outside sql\/udfs\/ or sql\/views\/: CREATE FUNCTION billguard\.bill_period\(\)/);
+		. "CREATE FUNCTION billguard.retry_period() RETURNS int LANGUAGE sql RETURN 1;\nDROP FUNCTION billguard.retry_period();\n");
+}, qr/\Q$upgrade\E:\d+: a definition outside sql\/udfs\/ or sql\/views\/: CREATE FUNCTION billguard\.retry_period\(\)/);
 
 ($status, $said) = check_broken(sub {
 	my ($sql) = @_;
@@ -144,11 +144,11 @@ fails_with('a file that defines another object than its directory', sub {
 	for my $file ('latest.sql', "$release.sql") {
 		spew("$sql/$function/$file", slurp("$sql/$function/$file") . "CREATE OR REPLACE FUNCTION billguard.stowaway() RETURNS int LANGUAGE sql RETURN 1;\n");
 	}
-}, qr/sql\/udfs\/bill_period\/latest\.sql defines function billguard\.stowaway: it holds function billguard\.bill_period only/);
+}, qr/sql\/udfs\/retry_period\/latest\.sql defines function billguard\.stowaway: it holds function billguard\.retry_period only/);
 
 # A change made as the rules want it: a snapshot of the development
 # version, the same as latest.sql, included by the upgrade to it.
-sub change_bill_period {
+sub change_retry_period {
 	my ($sql, $include) = @_;
 	my $text = slurp("$sql/$function/latest.sql") . "-- changed in $development\n";
 	spew("$sql/$function/latest.sql", $text);
@@ -156,24 +156,24 @@ sub change_bill_period {
 	spew("$sql/$upgrade", slurp("$sql/$upgrade") . "$include\n") if defined $include;
 }
 
-($status, $said) = check_broken(sub { change_bill_period($_[0], "\\ir udfs/bill_period/$development.sql") });
+($status, $said) = check_broken(sub { change_retry_period($_[0], "\\ir udfs/retry_period/$development.sql") });
 is($status, 0, 'a change made as the rules want it passes') or diag($said);
 
 fails_with('a changed function the upgrade does not include', sub {
-	change_bill_period($_[0]);
-}, qr/\Q$upgrade\E: never includes sql\/udfs\/bill_period\/\Q$development\E\.sql, so an updated database would not have what a fresh \Q$development\E install has/);
+	change_retry_period($_[0]);
+}, qr/\Q$upgrade\E: never includes sql\/udfs\/retry_period\/\Q$development\E\.sql, so an updated database would not have what a fresh \Q$development\E install has/);
 
 fails_with('an upgrade that includes latest.sql', sub {
-	change_bill_period($_[0], '\\ir udfs/bill_period/latest.sql');
-}, qr/\Q$upgrade\E:\d+: includes udfs\/bill_period\/latest\.sql: the upgrade to \Q$development\E includes snapshots of \Q$development\E only \(latest\.sql changes after the release/);
+	change_retry_period($_[0], '\\ir udfs/retry_period/latest.sql');
+}, qr/\Q$upgrade\E:\d+: includes udfs\/retry_period\/latest\.sql: the upgrade to \Q$development\E includes snapshots of \Q$development\E only \(latest\.sql changes after the release/);
 
 fails_with('an upgrade that includes a snapshot of another version', sub {
-	change_bill_period($_[0], "\\ir udfs/bill_period/$development.sql\n\\ir udfs/period_status/$release.sql");
+	change_retry_period($_[0], "\\ir udfs/retry_period/$development.sql\n\\ir udfs/period_status/$release.sql");
 }, qr/\Q$upgrade\E:\d+: includes udfs\/period_status\/\Q$release\E\.sql: the upgrade to \Q$development\E includes snapshots of \Q$development\E only/);
 
 fails_with('an upgrade that includes a snapshot twice', sub {
-	change_bill_period($_[0], "\\ir udfs/bill_period/$development.sql\n\\ir udfs/bill_period/$development.sql");
-}, qr/\Q$upgrade\E:\d+: includes udfs\/bill_period a second time/);
+	change_retry_period($_[0], "\\ir udfs/retry_period/$development.sql\n\\ir udfs/retry_period/$development.sql");
+}, qr/\Q$upgrade\E:\d+: includes udfs\/retry_period a second time/);
 
 fails_with('no upgrade into the version under development', sub {
 	unlink "$_[0]/$upgrade" or die $!;
@@ -195,15 +195,15 @@ fails_with('a released install that includes an older snapshot than it had', sub
 	my ($sql) = @_;
 	copy("$sql/$function/$release.sql", "$sql/$function/0.1.0.sql");
 	spew("$sql/billguard--$release.sql.in",
-		slurp("$sql/billguard--$release.sql.in") =~ s/udfs\/bill_period\/\Q$release\E\.sql/udfs\/bill_period\/0.1.0.sql/r);
-}, qr/billguard--\Q$release\E\.sql\.in:\d+: includes udfs\/bill_period\/0\.1\.0\.sql, but the install of \Q$release\E holds \Q$release\E\.sql/);
+		slurp("$sql/billguard--$release.sql.in") =~ s/udfs\/retry_period\/\Q$release\E\.sql/udfs\/retry_period\/0.1.0.sql/r);
+}, qr/billguard--\Q$release\E\.sql\.in:\d+: includes udfs\/retry_period\/0\.1\.0\.sql, but the install of \Q$release\E holds \Q$release\E\.sql/);
 
 fails_with('a function in the install with no upgrade path', sub {
 	my ($sql) = @_;
 	# Unchanged since the last release, by its snapshots, yet not in that release's install.
 	spew("$sql/billguard--$release.sql.in",
-		slurp("$sql/billguard--$release.sql.in") =~ s/^\\ir udfs\/period_status\/\Q$release\E\.sql\n//mr);
-}, qr/udfs\/period_status is in the install of \Q$development\E, unchanged since an earlier version, but not in the install of \Q$release\E: no upgrade path creates it/);
+		slurp("$sql/billguard--$release.sql.in") =~ s/^\\ir udfs\/due_periods\/\Q$release\E\.sql\n//mr);
+}, qr/udfs\/due_periods is in the install of \Q$development\E, unchanged since an earlier version, but not in the install of \Q$release\E: no upgrade path creates it/);
 
 fails_with('a released install changed', sub {
 	my ($sql) = @_;
@@ -218,7 +218,7 @@ fails_with('a released upgrade changed', sub {
 
 fails_with('a released snapshot changed', sub {
 	my ($sql) = @_;
-	my $text = slurp("$sql/$function/$release.sql") =~ s/idempotent/idempotent (changed)/r;
+	my $text = slurp("$sql/$function/$release.sql") . "-- changed after its release\n";
 	spew("$sql/$function/$release.sql", $text);
 	spew("$sql/$function/latest.sql", $text);
 }, qr/sql\/billguard--\Q$release\E\.sql is not the script released/);

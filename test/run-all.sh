@@ -95,11 +95,11 @@ run_tap() {
   if [ "$(id -u)" = 0 ]; then
     runuser -u postgres -- bash -c 'ulimit -n 8192; exec "$@"' run_tap \
       env PATH="$PATH" "${harness_dirs[@]}" PG_REGRESS=/bin/true PG_TEST_PORT_DIR="$port_dir" \
-      BILLGUARD_ROOT="$root" prove -I "$pgxs_perl" -I "$root/test/lib" "$@"
+      BILLGUARD_ROOT="$root" prove --timer -I "$pgxs_perl" -I "$root/test/lib" "$@"
   else
     (ulimit -n 8192 2>/dev/null || true
      env "${harness_dirs[@]}" PG_REGRESS=/bin/true PG_TEST_PORT_DIR="$port_dir" BILLGUARD_ROOT="$root" \
-       prove -I "$pgxs_perl" -I "$root/test/lib" "$@")
+       prove --timer -I "$pgxs_perl" -I "$root/test/lib" "$@")
   fi
 }
 run_tap ${TAP_TESTS:-test/t/*.pl} || failed=1
