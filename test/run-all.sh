@@ -102,7 +102,17 @@ run_tap() {
        prove --timer -I "$pgxs_perl" -I "$root/test/lib" "$@")
   fi
 }
-run_tap ${TAP_TESTS:-test/t/*.pl} || failed=1
+# Most scenarios wait on clusters, clocks and sockets rather than on cores,
+# so they run BILLGUARD_TAP_JOBS (3) at a time; those that measure latency
+# or hold a thousand connections run first, one at a time, on a quiet
+# machine.
+alone=" test/t/070_sigterm_in_flight.pl test/t/141_proxy_concurrency.pl test/t/150_proxy_http_hostile.pl test/t/196_key_fetch_never_stalls.pl "
+first=() rest=()
+for t in ${TAP_TESTS:-test/t/*.pl}; do
+  case $alone in *" $t "*) first+=("$t") ;; *) rest+=("$t") ;; esac
+done
+[ ${#first[@]} -eq 0 ] || run_tap "${first[@]}" || failed=1
+[ ${#rest[@]} -eq 0 ] || run_tap -j "${BILLGUARD_TAP_JOBS:-3}" "${rest[@]}" || failed=1
 
 if [ $failed -ne 0 ]; then
   echo "FAILED: see the output above"
