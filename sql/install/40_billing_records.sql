@@ -88,11 +88,14 @@ CREATE TRIGGER billing_records_frozen_identity BEFORE UPDATE ON billguard.billin
   WHEN (OLD.customer_id IS DISTINCT FROM NEW.customer_id
      OR OLD.billing_period IS DISTINCT FROM NEW.billing_period
      OR OLD.idempotency_key IS DISTINCT FROM NEW.idempotency_key
-     OR ((OLD.amount_cents, OLD.currency, OLD.stripe_customer, OLD.payment_method, OLD.description,
-          OLD.metadata, OLD.stripe_account, OLD.application_fee_cents)
-         IS DISTINCT FROM
-         (NEW.amount_cents, NEW.currency, NEW.stripe_customer, NEW.payment_method, NEW.description,
-          NEW.metadata, NEW.stripe_account, NEW.application_fee_cents)
+     OR ((OLD.amount_cents IS DISTINCT FROM NEW.amount_cents
+          OR OLD.currency IS DISTINCT FROM NEW.currency
+          OR OLD.stripe_customer IS DISTINCT FROM NEW.stripe_customer
+          OR OLD.payment_method IS DISTINCT FROM NEW.payment_method
+          OR OLD.description IS DISTINCT FROM NEW.description
+          OR OLD.metadata IS DISTINCT FROM NEW.metadata
+          OR OLD.stripe_account IS DISTINCT FROM NEW.stripe_account
+          OR OLD.application_fee_cents IS DISTINCT FROM NEW.application_fee_cents)
          AND NOT (OLD.status = 'cancelled' AND OLD.first_dispatched_at IS NULL
                   AND OLD.request_body IS NULL))
      OR (OLD.stripe_endpoint IS NOT NULL AND OLD.stripe_endpoint IS DISTINCT FROM NEW.stripe_endpoint)

@@ -27,7 +27,7 @@ CREATE TABLE billguard.period_amounts (
   CONSTRAINT period_amounts_period_valid CHECK (billguard.is_billing_period(billing_period)),
   CONSTRAINT period_amounts_amount_valid CHECK (amount_cents BETWEEN 0 AND 99999999),
   -- Stripe's limit, and nothing a terminal or a log would misread.
-  CONSTRAINT period_amounts_description_valid CHECK (char_length(description) BETWEEN 1 AND 1000
+  CONSTRAINT period_amounts_description_valid CHECK (char_length(description) >= 1 AND char_length(description) <= 1000
                                                      AND description !~ '[[:cntrl:]]'),
   CONSTRAINT period_amounts_metadata_valid CHECK (billguard.is_stripe_metadata(metadata))
 );
